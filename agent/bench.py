@@ -1,0 +1,211 @@
+"""``trackside bench``: replay a workload through simulated units and summarize what each policy did.
+
+A :class:`BenchConfig` describes one cluster (profile, units, overrides); :func:`run_once` builds fresh
+units and policies, replays the workload in virtual time and returns a :class:`RunResult`. Compare and
+sweep runs are many :func:`run_once` calls over the same workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.profiles import Profile, load_profile
+from agent.engine.sim import FixedCostModel, SimUnit
+from agent.engine.timing import StepTimer
+from agent.node import Node
+from agent.report import UnitStats, summarize
+from agent.workload.types import RequestSpec
+from policies.cost.fit import OnlineStepModel
+from policies.params import ParamError, ParamValue
+from policies.registry import batch_policy_class, dispatch_policy_class, make_batch_policy, make_dispatch_policy
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """One simulated cluster and its run settings."""
+
+    profile: str = "h100-llama31-8b"
+    units: int = 4
+    batch_policy: str = "vllm"
+    dispatch: str = "least_loaded"
+    params: Mapping[str, str] = field(default_factory=dict)
+    """``name=value`` or ``policy.name=value`` assignments, given to every policy that has the name."""
+    ttft_slo_ms: float = 500.0
+    tpot_slo_ms: float = 50.0
+    seed: int = 0
+    time_scale: float = 1.0
+    noise: bool = False
+    heterogeneity: bool = False
+    online_fit: bool = True
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_gpu_blocks: int | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile, "units": self.units, "batch_policy": self.batch_policy,
+            "dispatch": self.dispatch, "params": dict(self.params), "slo_ttft_ms": self.ttft_slo_ms,
+            "slo_tpot_ms": self.tpot_slo_ms, "seed": self.seed, "time_scale": self.time_scale,
+            "noise": self.noise, "heterogeneity": self.heterogeneity, "online_fit": self.online_fit,
+            "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+            "num_gpu_blocks": self.num_gpu_blocks,
+        }
+
+
+@dataclass(slots=True)
+class RunResult:
+    config: BenchConfig
+    summary: dict[str, Any]
+    units: list[dict[str, Any]]
+    unfinished: int
+    batch_params: dict[str, ParamValue]
+    dispatch_params: dict[str, ParamValue]
+
+    def as_run(self) -> dict[str, Any]:
+        """One entry of the JSON ``runs`` list."""
+        return {
+            "batch_policy": self.config.batch_policy,
+            "dispatch": self.config.dispatch,
+            "params": {**self.batch_params, **self.dispatch_params},
+            "time_scale": self.config.time_scale,
+            "summary": self.summary,
+            "units": self.units,
+        }
+
+
+def split_params(
+    assignments: Mapping[str, str], batch_policy: str, dispatch: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Route ``--param`` assignments to the batch and dispatch policy that declare them.
+
+    ``name=value`` goes to each of the two policies that has a parameter ``name``; ``policy.name=value``
+    only to ``policy`` (and is ignored for other policies, so one command line can serve a comparison).
+    A name that neither policy declares is an error.
+    """
+    bcls, dcls = batch_policy_class(batch_policy), dispatch_policy_class(dispatch)
+    bnames = {p.name for p in bcls.params_schema}
+    dnames = {p.name for p in dcls.params_schema}
+    batch: dict[str, str] = {}
+    disp: dict[str, str] = {}
+    for key, value in assignments.items():
+        owner, dot, name = key.rpartition(".")
+        if dot:
+            if owner == batch_policy:
+                batch[name] = value
+            elif owner == dispatch:
+                disp[name] = value
+            continue
+        if name not in bnames and name not in dnames:
+            raise ParamError(
+                f"neither {batch_policy} nor {dispatch} has a parameter {name!r} "
+                f"({batch_policy}: {', '.join(sorted(bnames)) or 'none'}; "
+                f"{dispatch}: {', '.join(sorted(dnames)) or 'none'})"
+            )
+        if name in bnames:
+            batch[name] = value
+        if name in dnames:
+            disp[name] = value
+    return batch, disp
+
+
+def scale_arrivals(requests: Sequence[RequestSpec], time_scale: float) -> list[RequestSpec]:
+    """Multiply every arrival time (and so every inter-arrival gap) by ``time_scale``."""
+    if time_scale <= 0:
+        raise ValueError("time scale must be > 0")
+    if time_scale == 1.0:
+        return list(requests)
+    return [replace(r, arrival_s=r.arrival_s * time_scale) for r in requests]
+
+
+def build_units(
+    config: BenchConfig,
+    profile: Profile,
+    batch_params: Mapping[str, str],
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> list[SimUnit]:
+    """``config.units`` fresh simulated units with their own policy instances and cost models."""
+    units = []
+    for k in range(config.units):
+        timer = StepTimer(
+            profile.coefficients,
+            noise_sigma=profile.noise_sigma if config.noise else 0.0,
+            heterogeneity=config.heterogeneity,
+            seed=config.seed * 1000 + k,
+        )
+        cost = OnlineStepModel(profile.coefficients) if config.online_fit else FixedCostModel(profile.coefficients)
+        units.append(
+            SimUnit(
+                k,
+                make_batch_policy(config.batch_policy, batch_params),
+                timer,
+                block_size=profile.block_size,
+                num_blocks=config.num_gpu_blocks or profile.num_gpu_blocks,
+                max_num_batched_tokens=config.max_num_batched_tokens or profile.max_num_batched_tokens,
+                max_num_seqs=config.max_num_seqs or profile.max_num_seqs,
+                max_model_len=profile.max_model_len,
+                cost_model=cost,
+                on_step=on_step,
+            )
+        )
+    return units
+
+
+def run_once(
+    config: BenchConfig,
+    workload: Sequence[RequestSpec],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> RunResult:
+    """Replay ``workload`` (arrivals scaled by ``config.time_scale``) and summarize the run.
+
+    Requests whose prompt cannot fit the model length are rejected up front and counted.
+    ``progress(done, total)`` is called now and then with the number of finished or rejected requests.
+    """
+    profile = load_profile(config.profile)
+    batch_params, dispatch_params = split_params(config.params, config.batch_policy, config.dispatch)
+    requests = scale_arrivals(workload, config.time_scale)
+    too_long = [r for r in requests if r.prompt_tokens >= profile.max_model_len]
+    runnable = [r for r in requests if r.prompt_tokens < profile.max_model_len]
+    stats = [UnitStats(k) for k in range(config.units)]
+
+    def record(rec: StepRecord) -> None:
+        stats[rec.unit_id].add(rec)
+        if on_step is not None:
+            on_step(rec)
+
+    units = build_units(config, profile, batch_params)
+    dispatcher = make_dispatch_policy(config.dispatch, dispatch_params)
+    outcomes: list[RequestOutcome] = []
+    node = Node(
+        units, dispatcher, runnable, ttft_slo_s=config.ttft_slo_ms / 1e3, tpot_slo_s=config.tpot_slo_ms / 1e3,
+        on_step=record, on_finish=outcomes.append,
+    )
+    total = len(requests)
+    last_arrival = max((r.arrival_s for r in runnable), default=0.0)
+    chunk = max(last_arrival / 400.0, 0.25)
+    while True:
+        t = node.next_event_s()
+        if t is None:
+            break
+        node.advance(t + chunk)
+        if progress is not None:
+            progress(node.num_finished + node.num_rejected + len(too_long), total)
+    duration = node.now_s if node.num_finished else 0.0
+    # ``advance`` moves the clock to the end of its window; the run ends at the last finish.
+    if outcomes:
+        duration = max(o.finish_s for o in outcomes)
+    summary = summarize(
+        outcomes, num_requests=total, num_rejected=node.num_rejected + len(too_long), duration_s=duration
+    )
+    return RunResult(
+        config=config,
+        summary=summary,
+        units=[s.as_dict(duration) for s in stats],
+        unfinished=len(node.unfinished()),
+        batch_params=dict(units[0].policy.params),
+        dispatch_params=dict(dispatcher.params),
+    )

@@ -1,0 +1,276 @@
+"""The ``trackside`` command line.
+
+Subcommands: ``bench`` (replay a workload through simulated units), ``policies`` (every policy and its
+parameters), ``profiles`` (calibration profiles and their fit error). Errors in what the user typed or
+gave us (a bad trace line, an unknown policy, a parameter out of range) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agent.bench import BenchConfig, RunResult, run_once
+from agent.cli_render import policies_table, profiles_table, render_peaks, render_runs, render_units
+from agent.engine.profiles import list_profiles
+from agent.workload.synthetic import describe_presets, parse_workload
+from agent.workload.traces import load_trace
+from agent.workload.types import RequestSpec, WorkloadError
+from policies.params import ParamError, parse_assignments
+from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES, UnknownPolicyError
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A problem with what the user asked for: printed as one line, exit status 2."""
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trackside",
+        description="Operator console and control plane for LLM serving: research scheduling policies, "
+        "step telemetry, and a simulator calibrated on H100 measurements.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    presets = "; ".join(f"{name}: {text}" for name, text in describe_presets())
+    bench = sub.add_parser(
+        "bench",
+        help="replay a trace or synthetic workload through simulated engine units",
+        description="Replay a workload through simulated engine units in virtual time (as fast as the "
+        "machine allows, deterministic for a seed), then print throughput, goodput, TTFT/TPOT "
+        "percentiles, SLO attainment and per-unit load.",
+        epilog=f"Workload presets: {presets}. Example: trackside bench --trace "
+        "examples/traces/azure_code_2023.csv --units 4 --batch-policy vllm --dispatch least_loaded "
+        "--json out.json",
+    )
+    src = bench.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", type=Path, help="trace file: Azure LLM trace CSV or trackside JSONL")
+    src.add_argument(
+        "--workload", metavar="SPEC",
+        help="synthetic workload NAME[:key=value,...], e.g. sharegpt-like or bursty:rate=12,n=2000",
+    )
+    bench.add_argument("--units", type=int, default=4, help="simulated DP units (default 4)")
+    bench.add_argument("--batch-policy", default="vllm", help="per-step batch policy (default vllm)")
+    bench.add_argument(
+        "--dispatch", default="least_loaded",
+        help="dispatch policy, or several comma-separated to compare them (default least_loaded)",
+    )
+    bench.add_argument(
+        "--compare", metavar="P1,P2,...", help="compare these batch policies side by side (overrides "
+        "--batch-policy)",
+    )
+    bench.add_argument(
+        "--sweep", metavar="time-scale=V1,V2,...",
+        help="load sweep over arrival time scales; reports each policy's peak goodput",
+    )
+    bench.add_argument(
+        "--param", action="append", default=[], metavar="NAME=VALUE",
+        help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy",
+    )
+    bench.add_argument("--profile", default="h100-llama31-8b", help="calibration profile (see `trackside "
+                       "profiles`; default h100-llama31-8b)")
+    bench.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
+    bench.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
+    bench.add_argument("--seed", type=int, default=0, help="random seed (workload generation, noise)")
+    bench.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="multiply inter-arrival times (2 = half the load; default 1)",
+    )
+    bench.add_argument("--limit", type=int, help="replay only the first N requests")
+    bench.add_argument("--noise", action="store_true", help="apply the profile's measured step-time noise")
+    bench.add_argument(
+        "--heterogeneity", action="store_true",
+        help="apply the measured slowdown of length-heterogeneous batches (at most +9.5%%)",
+    )
+    bench.add_argument("--no-online-fit", action="store_true", help="keep policies' step model at the profile")
+    bench.add_argument("--max-num-seqs", type=int, help="override the profile's max_num_seqs")
+    bench.add_argument("--max-num-batched-tokens", type=int, help="override the profile's token budget cap")
+    bench.add_argument("--kv-blocks", type=int, help="override the profile's KV capacity (blocks)")
+    bench.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    sub.add_parser("policies", help="list every policy with its parameters")
+    prof = sub.add_parser("profiles", help="list calibration profiles and their fit error on their records")
+    prof.add_argument("--json", action="store_true", help="print the fit report as JSON")
+    return parser
+
+
+def _load_workload(args: argparse.Namespace) -> list[RequestSpec]:
+    if args.limit is not None and args.limit < 1:
+        raise CliError("--limit must be >= 1")
+    if args.time_scale <= 0:
+        raise CliError("--time-scale must be > 0")
+    if args.trace is not None:
+        return load_trace(args.trace, time_scale=args.time_scale, limit=args.limit)
+    requests = parse_workload(args.workload, seed=args.seed)
+    if args.time_scale != 1.0:
+        from agent.bench import scale_arrivals
+
+        requests = scale_arrivals(requests, args.time_scale)
+    return requests[: args.limit] if args.limit else requests
+
+
+def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
+    if args.units < 1:
+        raise CliError("--units must be >= 1")
+    batch_policies = _csv(args.compare) if args.compare else [args.batch_policy]
+    dispatches = _csv(args.dispatch)
+    if not batch_policies or not dispatches:
+        raise CliError("name at least one batch policy and one dispatch policy")
+    for name in batch_policies:
+        if name not in BATCH_POLICIES:
+            raise CliError(f"unknown batch policy {name!r} (known: {', '.join(sorted(BATCH_POLICIES))})")
+    for name in dispatches:
+        if name not in DISPATCH_POLICIES:
+            raise CliError(f"unknown dispatch policy {name!r} (known: {', '.join(sorted(DISPATCH_POLICIES))})")
+    scales = [1.0]
+    if args.sweep:
+        key, sep, values = args.sweep.partition("=")
+        if key.strip() != "time-scale" or not sep:
+            raise CliError(f"--sweep takes time-scale=V1,V2,... (got {args.sweep!r})")
+        try:
+            scales = [float(v) for v in _csv(values)]
+        except ValueError:
+            raise CliError(f"--sweep: time scales must be numbers (got {values!r})") from None
+        if not scales or min(scales) <= 0:
+            raise CliError("--sweep: give at least one time scale, each > 0")
+    params = parse_assignments(args.param)
+    base = BenchConfig(
+        profile=args.profile, units=args.units, params=params, ttft_slo_ms=args.slo_ttft_ms,
+        tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, noise=args.noise, heterogeneity=args.heterogeneity,
+        online_fit=not args.no_online_fit, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.kv_blocks,
+    )
+    if args.slo_ttft_ms <= 0 or args.slo_tpot_ms <= 0:
+        raise CliError("SLO targets must be > 0 ms")
+    for opt, value in (("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens",
+                       args.max_num_batched_tokens), ("--kv-blocks", args.kv_blocks)):
+        if value is not None and value < 1:
+            raise CliError(f"{opt} must be >= 1")
+    runs = []
+    for scale in scales:
+        for bp in batch_policies:
+            for dp in dispatches:
+                runs.append(_replace(base, batch_policy=bp, dispatch=dp, time_scale=scale))
+    if args.sweep is None:
+        runs = [_replace(r, time_scale=1.0) for r in runs]
+    return runs
+
+
+def _replace(config: BenchConfig, **changes: Any) -> BenchConfig:
+    from dataclasses import replace
+
+    return replace(config, **changes)
+
+
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    requests = _load_workload(args)
+    if not requests:
+        raise CliError("the workload has no requests")
+    configs = _plan_runs(args)
+    from agent.engine.profiles import load_profile
+
+    load_profile(args.profile)  # fail early on an unknown profile
+    results: list[RunResult] = []
+    show = not args.no_progress
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+        TimeElapsedColumn(), console=Console(stderr=True), disable=not show, transient=False,
+    ) as progress:
+        for config in configs:
+            label = f"{config.batch_policy}/{config.dispatch}"
+            if args.sweep:
+                label += f" x{config.time_scale:g}"
+            task = progress.add_task(label, total=len(requests))
+
+            def report(done: int, total: int, task: Any = task) -> None:
+                progress.update(task, completed=done)
+
+            result = run_once(config, requests, progress=report)
+            progress.update(task, completed=len(requests))
+            results.append(result)
+            if result.unfinished:
+                console.print(
+                    f"[yellow]warning:[/] {result.unfinished} requests could not be scheduled "
+                    f"({label}); they count as missed"
+                )
+    single = len(results) == 1
+    render_runs(console, results)
+    if single:
+        render_units(console, results[0])
+    if args.sweep:
+        render_peaks(console, results)
+    if args.json:
+        payload: dict[str, Any]
+        if single:
+            r = results[0]
+            payload = {"summary": r.summary, "config": _config_json(r, args), "units": r.units}
+        else:
+            payload = {"runs": [r.as_run() for r in results], "config": _config_json(results[0], args)}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _config_json(result: RunResult, args: argparse.Namespace) -> dict[str, Any]:
+    cfg = result.config.describe()
+    cfg["batch_params"] = result.batch_params
+    cfg["dispatch_params"] = result.dispatch_params
+    cfg["workload"] = str(args.trace) if args.trace is not None else args.workload
+    cfg["limit"] = args.limit
+    cfg["input_time_scale"] = args.time_scale
+    return cfg
+
+
+def cmd_policies(args: argparse.Namespace, console: Console) -> int:
+    console.print(policies_table("Batch policies (per step, per unit)", BATCH_POLICIES.values()))
+    console.print(policies_table("Dispatch policies (across DP units)", DISPATCH_POLICIES.values()))
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
+    from agent.engine.profiles import fit_report
+
+    reports = {name: fit_report(name) for name in list_profiles()}
+    if args.json:
+        print(json.dumps(reports, indent=2))
+    else:
+        console.print(profiles_table(reports))
+    return 0
+
+
+COMMANDS = {"bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console()
+    try:
+        return COMMANDS[args.command](args, console)
+    except (CliError, WorkloadError, ParamError, UnknownPolicyError, LookupError) as exc:
+        message = exc.args[0] if isinstance(exc, LookupError) and exc.args else str(exc)
+        print(f"trackside {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""What every engine unit reports, and the interface the node drives.
+
+An engine unit (simulated here, vLLM in ``agent.engine.vllm`` later) runs one step at a time: the node calls
+:meth:`Engine.begin_step` at the step's start time, gets its duration, and calls :meth:`Engine.end_step`
+when that time has passed. Every step yields a :class:`StepRecord`; requests yield
+:class:`RequestOutcome` when they finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from policies.base import BatchPolicy
+from policies.types import ReasonValue, StepMode, UnitLoad
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittedRequest:
+    """A request handed to a unit. Output length is known to the simulator, never to policies."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    ttft_slo_s: float
+    tpot_slo_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of one unit: its composition, timing, KV state and the policy's reasons."""
+
+    unit_id: int
+    step_index: int
+    start_s: float
+    duration_s: float
+    predicted_s: float
+    """The policy-side cost model's prediction for this step (before its online update)."""
+    mode: StepMode
+    policy: str
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_prefill_reqs: int
+    num_decode_reqs: int
+    context_tokens: int
+    token_budget: int
+    kv_used_blocks: int
+    num_blocks: int
+    num_running: int
+    num_waiting: int
+    num_preempted: int
+    num_finished: int
+    reasons: Mapping[str, ReasonValue] = field(default_factory=dict)
+
+    @property
+    def new_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """A finished request's timeline on one unit."""
+
+    request_id: str
+    unit_id: int
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    prompt_tokens: int
+    output_tokens: int
+    num_preemptions: int
+    ttft_slo_s: float
+    tpot_slo_s: float
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """``(last token - first token) / (outputs - 1)``; None for a single output token."""
+        if self.output_tokens < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
+    def met_slo(self) -> bool:
+        tpot = self.tpot_s
+        return self.ttft_s <= self.ttft_slo_s and (tpot is None or tpot <= self.tpot_slo_s)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What :meth:`Engine.end_step` hands back to the node."""
+
+    record: StepRecord
+    finished: tuple[RequestOutcome, ...]
+    preempted: tuple[str, ...]
+    first_tokens: tuple[str, ...]
+
+
+class Engine(Protocol):
+    """One DP unit, as the node drives it."""
+
+    unit_id: int
+    policy: BatchPolicy
+
+    def submit(self, request: SubmittedRequest, now_s: float) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    @property
+    def busy(self) -> bool:
+        """A step is in flight."""
+        ...
+
+    def begin_step(self, now_s: float) -> float | None:
+        """Plan and start a step; its duration in seconds, or None when there is nothing to run."""
+        ...
+
+    def end_step(self, now_s: float) -> StepResult: ...
+
+    def load(self) -> UnitLoad: ...
+
+    def set_policy(self, policy: BatchPolicy) -> None: ...

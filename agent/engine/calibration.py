@@ -1,0 +1,280 @@
+"""Derive the shipped calibration profiles from the raw probe files in ``shared/calibration``.
+
+    python -m agent.engine.calibration --shared ../shared/calibration --out agent/engine/profiles
+
+rewrites ``<name>.json`` and ``<name>.records.csv.gz`` for every profile in :data:`SHIPPED_PROFILES`. The
+output is deterministic (fixed float formats, gzip without timestamp or file name), so a test can check
+that the shipped files are exactly what this module produces.
+
+Derivation (see :mod:`agent.engine.profiles` for what each field means):
+
+1. Records: the steps of the calibration workloads (``mix``, ``longctx``, ``small``, ``dec128``; the
+   ``warmup`` run is dropped) and of the holdout (``sharegpt_like``), rounded to the CSV's precision
+   (``t_s`` to 0.1 us, ``kv`` to 1e-10); every statistic is computed from these rounded records, so the
+   shipped CSV reproduces the shipped JSON.
+2. Step model: OLS over the calibration steps (``probe.py``'s ``all`` fit); error on them and on the
+   holdout; the same fit restricted to decode-only and to mixed steps.
+3. Noise: ``log(measured / predicted)`` over the calibration steps; ``noise_sigma`` is the robust
+   1.4826 * MAD. Chosen over the plain standard deviation because a few isolated stalls (small decode
+   steps taking 2-8x the prediction: host-side hiccups such as GC pauses; 1.8% of the 8B graphs steps
+   are off by more than 35%) inflate the latter (0.100 vs 0.059 for the 8B graphs run), while a
+   log-normal cannot reproduce such rare events anyway: fitted to them it would widen every step's
+   jitter instead. The simulator should model stalls separately if it needs them. Both are shipped
+   (``noise_sigma``, ``noise_sigma_std``), with the median log ratio (the bias of the OLS line).
+4. KV capacity: exact denominator of the ``kv`` fractions (module docstring of
+   :mod:`agent.engine.profiles`), the median of ``ctx / kv`` as estimate, window and cross-check. With
+   several engines (files), the smallest per-engine capacity is taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.engine.profiles import (
+    RECORD_COLUMNS,
+    KvCapacityEvidence,
+    PhaseFit,
+    Profile,
+    ProfileSource,
+    Records,
+    parse_records,
+    profile_to_json,
+    select,
+    stats_on,
+)
+from policies.cost.fit import fit_step_model
+
+MEASURED_DATE = "2026-11-22"
+VLLM_VERSION = "0.26.0"
+CALIBRATION_WORKLOADS = ("mix", "longctx", "small", "dec128")
+HOLDOUT_WORKLOADS = ("sharegpt_like",)
+_FORMATS = {"t_s": "{:.7f}", "kv": "{:.10f}"}
+_MAD_TO_SIGMA = 1.482602218505602  # 1 / Phi^-1(3/4): MAD of a normal sample -> its sigma
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSpec:
+    """One shipped profile: which probe files, and the hand-written part of its description."""
+
+    name: str
+    files: tuple[str, ...]
+    model: str
+    summary: str
+    kv_bytes_per_token: int
+    engines_per_gpu: int = 1
+
+
+_H100 = "one H100 80GB HBM3, vLLM 0.26.0 (FLASH_ATTN/FA3, chunked prefill and prefix caching on, dummy weights)"
+SHIPPED_PROFILES: tuple[ProfileSpec, ...] = (
+    ProfileSpec("h100-llama31-8b", ("llama31-8b_graphs.json",), "Llama-3.1-8B",
+                f"Llama-3.1-8B on {_H100}, CUDA graphs + torch.compile, gpu_memory_utilization 0.85 "
+                "(0.85 x 80 GB minus ~16 GB of weights and the activation reserve). The default profile.",
+                kv_bytes_per_token=32 * 8 * 128 * 2 * 2),
+    ProfileSpec("h100-llama31-8b-eager", ("llama31-8b_eager.json",), "Llama-3.1-8B",
+                f"Llama-3.1-8B on {_H100}, eager mode (no CUDA graphs), gpu_memory_utilization 0.85.",
+                kv_bytes_per_token=32 * 8 * 128 * 2 * 2),
+    ProfileSpec("h100-llama32-1b", ("llama32-1b_solo.json",), "Llama-3.2-1B",
+                f"Llama-3.2-1B alone on {_H100}, CUDA graphs. The KV capacity in the records implies "
+                "gpu_memory_utilization ~0.4 (the pair's setting), not 0.85, which would leave ~2M tokens.",
+                kv_bytes_per_token=16 * 8 * 64 * 2 * 2),
+    ProfileSpec("h100-llama32-1b-shared", ("llama32-1b_pair_a.json", "llama32-1b_pair_b.json"), "Llama-3.2-1B",
+                f"Llama-3.2-1B, two engines sharing {_H100}, CUDA graphs, gpu_memory_utilization 0.4 each; "
+                "fitted over both engines' steps; KV capacity is per engine.",
+                kv_bytes_per_token=16 * 8 * 64 * 2 * 2, engines_per_gpu=2),
+)
+
+
+def _csv_line(cells: Sequence[Any]) -> str:
+    out = [str(cells[0])]
+    for col, value in zip(RECORD_COLUMNS[1:], cells[1:], strict=True):
+        out.append(_FORMATS[col].format(float(value)) if col in _FORMATS else str(int(value)))
+    return ",".join(out)
+
+
+def format_records(records: Records) -> str:
+    """CSV text of a records array (header :data:`RECORD_COLUMNS`, fixed float formats)."""
+    lines = [",".join(RECORD_COLUMNS)]
+    lines += [_csv_line(tuple(row)) for row in records.tolist()]
+    return "\n".join(lines) + "\n"
+
+
+def collect_records(runs: Sequence[dict[str, Any]], workloads: Sequence[str]) -> Records:
+    """Steps of ``workloads`` in each probe run (in order), rounded to the CSV's precision."""
+    lines = [",".join(RECORD_COLUMNS)]
+    for run in runs:
+        for result in run["results"]:
+            if result["tag"] in workloads:
+                start, stop = result["steps"]
+                lines += [_csv_line([result["tag"], s["t"], *(s[c] for c in RECORD_COLUMNS[2:])])
+                          for s in run["steps"][start:stop]]
+    return parse_records("\n".join(lines) + "\n")
+
+
+def _exact_usable_blocks(kv: npt.NDArray[np.float64], estimate: float, window: float = 0.1) -> int | None:
+    """The unique integer U within ``estimate * (1 +- window)`` with ``kv * U`` integral in every step."""
+    kv = kv[kv > 0.0]
+    if len(kv) == 0 or not estimate > 0.0:
+        return None
+    candidates = np.arange(max(1, math.floor(estimate * (1 - window))), math.ceil(estimate * (1 + window)) + 1)
+    tolerance = 1e-3  # kv is stored to 1e-10, so kv * U is integral to ~1e-5; wrong U miss by ~0.5
+    for chunk in (kv[:64], kv):
+        prod = candidates[:, None] * chunk[None, :]
+        candidates = candidates[np.abs(prod - np.rint(prod)).max(axis=1) <= tolerance]
+    return int(candidates[0]) if len(candidates) == 1 else None
+
+
+def derive_kv_blocks(records: Records, block_size: int) -> tuple[int, KvCapacityEvidence]:
+    """Usable KV blocks of one engine from its records, and the evidence (see module docstring)."""
+    use = (records["pre_tok"] == 0) & (records["kv"] > 0.05)
+    ratio = records["ctx"][use] / records["kv"][use]
+    if len(ratio) == 0:
+        raise ValueError("no decode-only step with kv > 0.05: cannot estimate the KV capacity")
+    p25, median, p75 = (float(v) for v in np.percentile(ratio, [25, 50, 75]))
+    exact = _exact_usable_blocks(records["kv"], median / block_size)
+    usable = exact if exact is not None else round(median / block_size)
+    method = "exact-denominator" if exact is not None else "median-ctx-over-kv"
+    return usable, KvCapacityEvidence(method, int(use.sum()), median, p25, p75)
+
+
+def _phase(records: Records) -> PhaseFit | None:
+    if len(records) < 10:
+        return None
+    coefs, stats = fit_step_model(records["new"], records["ctx"], records["t_s"])
+    return PhaseFit(coefs, stats)
+
+
+def _describe(summary: str, usable: int, block_size: int, ev: KvCapacityEvidence, kv_bytes_per_token: int,
+              max_ctx: int) -> str:
+    cap = usable * block_size
+    how = (f"exact: every recorded kv equals used_blocks / {usable:,} (the only such denominator within "
+           "10% of the ctx/kv estimate; uncertainty: vLLM's null-block convention, 1 block)"
+           if ev.method == "exact-denominator" else "rounded median of ctx/kv (uncertainty about +-1%)")
+    below = 100.0 * (1.0 - ev.ctx_over_kv_median_tokens / cap)
+    return (f"{summary} KV cache: {usable + 1:,} vLLM blocks of {block_size} tokens per engine "
+            f"({usable:,} usable after the null block = {cap:,} tokens = "
+            f"{cap * kv_bytes_per_token / 2**30:.1f} GiB at {kv_bytes_per_token // 1024} KiB/token); {how}. "
+            f"Cross-check: median ctx/kv over {ev.num_steps:,} decode-only steps with kv > 0.05 = "
+            f"{ev.ctx_over_kv_median_tokens:,.0f} tokens (IQR {ev.ctx_over_kv_p25_tokens:,.0f}-"
+            f"{ev.ctx_over_kv_p75_tokens:,.0f}), {below:.1f}% below (partly filled last blocks). "
+            f"Largest recorded step context: {max_ctx:,} tokens.")
+
+
+def derive_profile(
+    name: str,
+    calibration_json_paths: Sequence[Path | str],
+    description: str,
+    *,
+    model: str,
+    kv_bytes_per_token: int,
+    engines_per_gpu: int = 1,
+    block_size: int = 16,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 512,
+    max_model_len: int = 16384,
+    measured_date: str = MEASURED_DATE,
+    vllm_version: str = VLLM_VERSION,
+) -> tuple[Profile, Records]:
+    """Build profile ``name`` from probe files; return it and its step records.
+
+    ``description`` is the hand-written summary; the KV derivation is appended. The probe's engine
+    settings (``block_size`` ... ``max_model_len``, tokens) are not in the files and are passed in.
+    """
+    paths = [Path(p) for p in calibration_json_paths]
+    runs = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    gpus, eager = {r["gpu"] for r in runs}, {bool(r["eager"]) for r in runs}
+    if len(gpus) != 1 or len(eager) != 1:
+        raise ValueError(f"files mix GPUs or modes: {sorted(gpus)}, eager={sorted(eager)}")
+    workloads = CALIBRATION_WORKLOADS + HOLDOUT_WORKLOADS
+    records = collect_records(runs, workloads)
+    calib = select(records, CALIBRATION_WORKLOADS)
+    coefs, fit = fit_step_model(calib["new"], calib["ctx"], calib["t_s"])
+    log_ratio = np.log(calib["t_s"] / (coefs.a_s + coefs.b_s * calib["new"] + coefs.c_s * calib["ctx"]))
+    log_median = float(np.median(log_ratio))
+    per_engine = [derive_kv_blocks(collect_records([r], workloads), block_size) for r in runs]
+    usable, evidence = min(per_engine, key=lambda pe: pe[0])
+    sched = [s["t_sched"] for r in runs for res in r["results"] if res["tag"] in CALIBRATION_WORKLOADS
+             for s in r["steps"][res["steps"][0]:res["steps"][1]]]
+    profile = Profile(
+        name=name,
+        description=_describe(description, usable, block_size, evidence, kv_bytes_per_token,
+                              int(records["ctx"].max())),
+        gpu=gpus.pop(), model=model, mode="eager" if eager.pop() else "cuda-graphs",
+        engines_per_gpu=engines_per_gpu,
+        source=ProfileSource(tuple(p.name for p in paths), measured_date, vllm_version,
+                             CALIBRATION_WORKLOADS, HOLDOUT_WORKLOADS),
+        coefficients=coefs, fit=fit, holdout=stats_on(coefs, select(records, HOLDOUT_WORKLOADS)),
+        noise_sigma=_MAD_TO_SIGMA * float(np.median(np.abs(log_ratio - log_median))),
+        noise_sigma_std=float(np.std(log_ratio)), noise_log_median=log_median,
+        block_size=block_size, num_gpu_blocks=usable + 1, kv_evidence=evidence,
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        sched_overhead_s=float(np.median(sched)),
+        decode_only=_phase(calib[calib["pre_tok"] == 0]),
+        mixed=_phase(calib[(calib["pre_tok"] > 0) & (calib["dec"] > 0)]),
+    )
+    return profile, records
+
+
+def write_profile(profile: Profile, records: Records, out_dir: Path | str) -> list[Path]:
+    """Write ``<name>.json`` and ``<name>.records.csv.gz`` into ``out_dir`` (byte-for-byte deterministic)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"{profile.name}.json"
+    json_path.write_text(json.dumps(profile_to_json(profile), indent=2) + "\n", encoding="utf-8")
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=9, mtime=0) as gz:
+        gz.write(format_records(records).encode("utf-8"))
+    csv_path = out / f"{profile.name}.records.csv.gz"
+    csv_path.write_bytes(buf.getvalue())
+    return [json_path, csv_path]
+
+
+def default_shared_dir() -> Path:
+    """``$TRACKSIDE_SHARED`` if set, else ``shared/`` next to the repository root."""
+    env = os.environ.get("TRACKSIDE_SHARED")
+    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared"
+
+
+def regenerate(calibration_dir: Path, out_dir: Path) -> list[Profile]:
+    """Derive and write every profile of :data:`SHIPPED_PROFILES`."""
+    profiles = []
+    for spec in SHIPPED_PROFILES:
+        profile, records = derive_profile(
+            spec.name, [calibration_dir / f for f in spec.files], spec.summary, model=spec.model,
+            kv_bytes_per_token=spec.kv_bytes_per_token, engines_per_gpu=spec.engines_per_gpu,
+        )
+        write_profile(profile, records, out_dir)
+        profiles.append(profile)
+    return profiles
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: regenerate the shipped profiles and print a summary."""
+    parser = argparse.ArgumentParser(prog="python -m agent.engine.calibration", description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", type=Path, default=default_shared_dir() / "calibration",
+                        help="folder with the probe JSON files (default: $TRACKSIDE_SHARED/calibration)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "profiles",
+                        help="where to write the profile files (default: the package's profiles folder)")
+    args = parser.parse_args(argv)
+    for p in regenerate(args.shared, args.out):
+        c = p.coefficients
+        print(f"{p.name:24s} a={c.a_s * 1e3:.3f} ms b={c.b_s * 1e6:.2f} us c={c.c_s * 1e9:.1f} ns "
+              f"R2={p.fit.r2:.4f} MAPE={p.fit.mape:.3f} holdout R2={p.holdout.r2:.4f} MAPE={p.holdout.mape:.3f} "
+              f"sigma={p.noise_sigma:.3f} (std {p.noise_sigma_std:.3f}) blocks={p.num_gpu_blocks} ({p.kv_evidence.method})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

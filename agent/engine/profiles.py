@@ -1,0 +1,345 @@
+"""Calibration profiles: measured step-time models and engine limits for the simulator and the policies.
+
+A profile describes one engine configuration measured on real hardware (``shared/calibration``, H100 80GB
+HBM3, vLLM 0.26.0, 2026-11-22): the step-time model ``T = a + b * new_tokens + c * context_tokens`` fitted
+over the calibration workloads (``mix``, ``longctx``, ``small``, ``dec128``: exactly the steps of
+``probe.py``'s ``all`` fit), its error there and on the ``sharegpt_like`` workload it never saw (holdout), a
+multiplicative noise level, the KV-cache capacity and the scheduler limits the runs used.
+
+KV capacity (``num_gpu_blocks``). vLLM reports KV usage as ``1 - free_blocks / (num_gpu_blocks - 1)``
+(block 0 is its reserved null block), so every recorded ``kv`` is ``used_blocks / U`` with an integer
+``used_blocks`` and ``U = num_gpu_blocks - 1`` usable blocks. :mod:`agent.engine.calibration` finds ``U``
+exactly: the one integer near the rough estimate ``median(ctx / kv) / block_size`` for which ``kv * U`` is
+integral (to 1e-6) in every recorded step. The rough estimate (median of ``ctx / kv`` over decode-only
+steps with ``kv > 0.05``, where every running request is scheduled) is kept in the profile as a
+cross-check; it sits 0.5-0.6% below the exact capacity because the last block of each request is only
+partly filled. The remaining uncertainty is the null-block convention (one block) and, if a later vLLM
+changes the usage formula, the fallback to the rough estimate (about +-1%).
+
+Files: ``profiles/<name>.json`` (human-readable, units in the key names) and
+``profiles/<name>.records.csv.gz`` (the steps the profile was derived from), read with
+:mod:`importlib.resources`. The ``profiles/`` folder has no ``__init__.py`` on purpose: a package
+``agent/engine/profiles/`` would shadow this module (a regular package wins over a module of the same
+name), so it is a namespace data folder (setuptools still installs it through ``package-data``).
+Regenerate every file with ``python -m agent.engine.calibration``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import Any, TypedDict
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.cost.fit import FitStats, evaluate
+from policies.cost.step_model import StepCoefficients
+
+DEFAULT_PROFILE = "h100-llama31-8b"
+"""The profile to use when none is named: Llama-3.1-8B, one H100, CUDA graphs."""
+SCHEMA_VERSION = 1
+"""Version of the JSON layout written by :func:`profile_to_json`."""
+RECORD_COLUMNS = ("workload", "t_s", "new", "pre_tok", "dec", "npre", "ctx", "nreq", "kv")
+"""Columns of ``<name>.records.csv.gz``: workload tag, step seconds, tokens computed, prefill tokens,
+decode tokens, prefilling requests, context tokens, scheduled requests, KV usage fraction after the step."""
+RECORD_DTYPE = np.dtype(
+    [("workload", "U16"), ("t_s", "f8"), ("new", "i8"), ("pre_tok", "i8"), ("dec", "i8"),
+     ("npre", "i8"), ("ctx", "i8"), ("nreq", "i8"), ("kv", "f8")]
+)
+"""numpy dtype of :func:`load_records` (same fields as :data:`RECORD_COLUMNS`)."""
+
+Records = npt.NDArray[np.void]
+
+
+class UnknownProfileError(KeyError):
+    """No shipped profile has this name; the message lists the known ones."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSource:
+    """Where a profile's numbers come from."""
+
+    files: tuple[str, ...]
+    """Calibration files (``shared/calibration/...``) the records were taken from."""
+    measured_date: str
+    """ISO date of the measurement."""
+    vllm_version: str
+    calibration_workloads: tuple[str, ...]
+    """Workloads whose steps were fitted."""
+    holdout_workloads: tuple[str, ...]
+    """Workloads only evaluated (never fitted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseFit:
+    """Coefficients fitted on one kind of step only, with their error on those steps."""
+
+    coefficients: StepCoefficients
+    fit: FitStats
+
+
+@dataclass(frozen=True, slots=True)
+class KvCapacityEvidence:
+    """How ``num_gpu_blocks`` was derived, and the rough cross-check."""
+
+    method: str
+    """``"exact-denominator"`` (kv * usable blocks integral in every step) or ``"median-ctx-over-kv"``."""
+    num_steps: int
+    """Decode-only steps with kv > 0.05 behind the median below."""
+    ctx_over_kv_median_tokens: float
+    ctx_over_kv_p25_tokens: float
+    ctx_over_kv_p75_tokens: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One measured engine configuration (see the module docstring)."""
+
+    name: str
+    description: str
+    gpu: str
+    model: str
+    mode: str
+    """``"cuda-graphs"`` (CUDA graphs + torch.compile) or ``"eager"``."""
+    engines_per_gpu: int
+    """Engines sharing the GPU during the measurement (2 for the ``-shared`` profile)."""
+    source: ProfileSource
+    coefficients: StepCoefficients
+    """Fit over the calibration workloads (seconds, seconds per token, seconds per context token)."""
+    fit: FitStats
+    """Error of :attr:`coefficients` on the calibration steps."""
+    holdout: FitStats
+    """Error of :attr:`coefficients` on the holdout steps (never fitted)."""
+    noise_sigma: float
+    """Robust sigma of ``log(measured / predicted)`` (1.4826 * MAD) on the calibration steps: the
+    log-normal step jitter a simulator may apply, ``T * exp(noise_sigma * z)``."""
+    noise_sigma_std: float
+    """Plain standard deviation of the same log ratios (inflated by a few stalls; for reference)."""
+    noise_log_median: float
+    """Median of ``log(measured / predicted)``: negative means the typical step beats the OLS line."""
+    block_size: int
+    """Tokens per KV block."""
+    num_gpu_blocks: int
+    """vLLM's ``num_gpu_blocks`` per engine, including its reserved null block."""
+    kv_evidence: KvCapacityEvidence
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    """Tokens."""
+    sched_overhead_s: float
+    """Median time inside vLLM's ``schedule()`` over the calibration steps (seconds, informational)."""
+    decode_only: PhaseFit | None
+    """Fit over the calibration steps without prefill tokens."""
+    mixed: PhaseFit | None
+    """Fit over the calibration steps with both prefill and decode tokens."""
+
+    @property
+    def usable_gpu_blocks(self) -> int:
+        """KV blocks requests can hold (``num_gpu_blocks - 1``)."""
+        return self.num_gpu_blocks - 1
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the usable KV blocks hold."""
+        return self.usable_gpu_blocks * self.block_size
+
+
+def _sig(x: float, digits: int = 6) -> float:
+    """``x`` rounded to ``digits`` significant digits (stable, human-readable JSON)."""
+    return float(f"{x:.{digits}g}")
+
+
+def _step_model_json(c: StepCoefficients) -> dict[str, float]:
+    return {"a_ms": _sig(c.a_s * 1e3), "b_us_per_token": _sig(c.b_s * 1e6),
+            "c_ns_per_context_token": _sig(c.c_s * 1e9)}
+
+
+def _step_model_from(d: dict[str, Any]) -> StepCoefficients:
+    return StepCoefficients(a_s=float(d["a_ms"]) * 1e-3, b_s=float(d["b_us_per_token"]) * 1e-6,
+                            c_s=float(d["c_ns_per_context_token"]) * 1e-9)
+
+
+def _stats_json(s: FitStats) -> dict[str, float | int]:
+    return {"num_steps": s.n, "r2": _sig(s.r2), "mape_fraction": _sig(s.mape)}
+
+
+def _stats_from(d: dict[str, Any]) -> FitStats:
+    return FitStats(n=int(d["num_steps"]), r2=float(d["r2"]), mape=float(d["mape_fraction"]))
+
+
+def _phase_json(p: PhaseFit | None) -> dict[str, Any] | None:
+    return None if p is None else {"step_model": _step_model_json(p.coefficients), "fit": _stats_json(p.fit)}
+
+
+def _phase_from(d: dict[str, Any] | None) -> PhaseFit | None:
+    return None if d is None else PhaseFit(_step_model_from(d["step_model"]), _stats_from(d["fit"]))
+
+
+def profile_to_json(p: Profile) -> dict[str, Any]:
+    """The JSON document of a profile (floats to 6 significant digits, units in the key names)."""
+    ev = p.kv_evidence
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "name": p.name,
+        "description": p.description,
+        "gpu": p.gpu,
+        "model": p.model,
+        "mode": p.mode,
+        "engines_per_gpu": p.engines_per_gpu,
+        "source": {
+            "files": list(p.source.files), "measured_date": p.source.measured_date,
+            "vllm_version": p.source.vllm_version,
+            "calibration_workloads": list(p.source.calibration_workloads),
+            "holdout_workloads": list(p.source.holdout_workloads),
+            "records_file": f"{p.name}.records.csv.gz",
+        },
+        "step_model": _step_model_json(p.coefficients),
+        "fit": _stats_json(p.fit),
+        "holdout": _stats_json(p.holdout),
+        "decode_only": _phase_json(p.decode_only),
+        "mixed": _phase_json(p.mixed),
+        "noise": {"sigma_log": _sig(p.noise_sigma), "sigma_log_std": _sig(p.noise_sigma_std),
+                  "median_log_ratio": _sig(p.noise_log_median)},
+        "kv_cache": {
+            "block_size_tokens": p.block_size, "num_gpu_blocks": p.num_gpu_blocks,
+            "usable_blocks": p.usable_gpu_blocks, "capacity_tokens": p.kv_capacity_tokens,
+            "method": ev.method, "num_steps_ctx_over_kv": ev.num_steps,
+            "ctx_over_kv_median_tokens": _sig(ev.ctx_over_kv_median_tokens),
+            "ctx_over_kv_p25_tokens": _sig(ev.ctx_over_kv_p25_tokens),
+            "ctx_over_kv_p75_tokens": _sig(ev.ctx_over_kv_p75_tokens),
+        },
+        "engine": {"max_num_batched_tokens": p.max_num_batched_tokens, "max_num_seqs": p.max_num_seqs,
+                   "max_model_len_tokens": p.max_model_len, "sched_overhead_ms": _sig(p.sched_overhead_s * 1e3)},
+    }
+
+
+def profile_from_json(d: dict[str, Any]) -> Profile:
+    """Inverse of :func:`profile_to_json`. Raises ValueError on another schema version."""
+    if d.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"profile schema_version {d.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    src, kv, eng, noise = d["source"], d["kv_cache"], d["engine"], d["noise"]
+    return Profile(
+        name=d["name"], description=d["description"], gpu=d["gpu"], model=d["model"], mode=d["mode"],
+        engines_per_gpu=int(d["engines_per_gpu"]),
+        source=ProfileSource(
+            files=tuple(src["files"]), measured_date=src["measured_date"], vllm_version=src["vllm_version"],
+            calibration_workloads=tuple(src["calibration_workloads"]),
+            holdout_workloads=tuple(src["holdout_workloads"]),
+        ),
+        coefficients=_step_model_from(d["step_model"]), fit=_stats_from(d["fit"]),
+        holdout=_stats_from(d["holdout"]),
+        noise_sigma=float(noise["sigma_log"]), noise_sigma_std=float(noise["sigma_log_std"]),
+        noise_log_median=float(noise["median_log_ratio"]),
+        block_size=int(kv["block_size_tokens"]), num_gpu_blocks=int(kv["num_gpu_blocks"]),
+        kv_evidence=KvCapacityEvidence(
+            method=kv["method"], num_steps=int(kv["num_steps_ctx_over_kv"]),
+            ctx_over_kv_median_tokens=float(kv["ctx_over_kv_median_tokens"]),
+            ctx_over_kv_p25_tokens=float(kv["ctx_over_kv_p25_tokens"]),
+            ctx_over_kv_p75_tokens=float(kv["ctx_over_kv_p75_tokens"]),
+        ),
+        max_num_batched_tokens=int(eng["max_num_batched_tokens"]), max_num_seqs=int(eng["max_num_seqs"]),
+        max_model_len=int(eng["max_model_len_tokens"]), sched_overhead_s=float(eng["sched_overhead_ms"]) * 1e-3,
+        decode_only=_phase_from(d.get("decode_only")), mixed=_phase_from(d.get("mixed")),
+    )
+
+
+def parse_records(text: str) -> Records:
+    """Parse the CSV text of a records file into a structured array of :data:`RECORD_DTYPE`."""
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None or tuple(header) != RECORD_COLUMNS:
+        raise ValueError(f"records header {header!r}, expected {','.join(RECORD_COLUMNS)}")
+    rows = [tuple(row) for row in reader if row]
+    out = np.empty(len(rows), dtype=RECORD_DTYPE)
+    for j, field in enumerate(RECORD_COLUMNS):
+        out[field] = [row[j] for row in rows]
+    return out
+
+
+def _data_dir() -> Traversable:
+    return resources.files("agent.engine").joinpath("profiles")
+
+
+@lru_cache(maxsize=1)
+def _profile_names() -> tuple[str, ...]:
+    return tuple(sorted(e.name.removesuffix(".json") for e in _data_dir().iterdir() if e.name.endswith(".json")))
+
+
+def list_profiles() -> list[str]:
+    """Names of the shipped profiles, sorted."""
+    return list(_profile_names())
+
+
+def _check_name(name: str) -> None:
+    known = _profile_names()
+    if name not in known:
+        raise UnknownProfileError(f"unknown profile {name!r}; known profiles: {', '.join(known)}")
+
+
+@cache
+def load_profile(name: str = DEFAULT_PROFILE) -> Profile:
+    """The shipped profile ``name``. Raises :class:`UnknownProfileError` (a KeyError) listing the known ones."""
+    _check_name(name)
+    return profile_from_json(json.loads(_data_dir().joinpath(f"{name}.json").read_text(encoding="utf-8")))
+
+
+@cache
+def load_records(name: str = DEFAULT_PROFILE) -> Records:
+    """The step records behind profile ``name`` (read-only structured array, :data:`RECORD_DTYPE`)."""
+    _check_name(name)
+    raw = _data_dir().joinpath(f"{name}.records.csv.gz").read_bytes()
+    records = parse_records(gzip.decompress(raw).decode("utf-8"))
+    records.flags.writeable = False
+    return records
+
+
+class StatsReport(TypedDict):
+    """Error of a profile's coefficients on one set of steps."""
+
+    n: int
+    r2: float
+    mape: float
+
+
+class FitReport(TypedDict):
+    """Coefficients of a profile and their error on its calibration and holdout steps."""
+
+    name: str
+    a_ms: float
+    b_us_per_token: float
+    c_ns_per_context_token: float
+    calibration: StatsReport
+    holdout: StatsReport
+
+
+def select(records: Records, workloads: tuple[str, ...]) -> Records:
+    """The rows of ``records`` whose workload is one of ``workloads``."""
+    return records[np.isin(records["workload"], workloads)]
+
+
+def stats_on(coefs: StepCoefficients, records: Records) -> FitStats:
+    """:func:`policies.cost.fit.evaluate` on a records array."""
+    return evaluate(coefs, records["new"], records["ctx"], records["t_s"])
+
+
+def fit_report(name: str = DEFAULT_PROFILE) -> FitReport:
+    """Coefficients of profile ``name`` and their error, recomputed from its shipped records."""
+    p, rec = load_profile(name), load_records(name)
+    cal = stats_on(p.coefficients, select(rec, p.source.calibration_workloads))
+    hold = stats_on(p.coefficients, select(rec, p.source.holdout_workloads))
+    return FitReport(
+        name=name, a_ms=p.coefficients.a_s * 1e3, b_us_per_token=p.coefficients.b_s * 1e6,
+        c_ns_per_context_token=p.coefficients.c_s * 1e9,
+        calibration=StatsReport(n=cal.n, r2=cal.r2, mape=cal.mape),
+        holdout=StatsReport(n=hold.n, r2=hold.r2, mape=hold.mape),
+    )

@@ -1,0 +1,223 @@
+"""The node runtime: N engine units, a dispatcher and an arrival stream, in one discrete-event core.
+
+Events are arrivals, step ends and dispatcher wake-ups. :meth:`Node.advance` processes every event up to a
+time; a clock (``agent.clock``) decides how fast node time passes, so the same core runs a trace replay as
+fast as possible (virtual time, deterministic for a seed) or live (wall clock).
+
+Every request is accounted for exactly once: it is pending at the dispatcher, on a unit, finished, or
+rejected; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from agent.clock import Clock, VirtualClock
+from agent.engine.base import Engine, RequestOutcome, StepRecord, SubmittedRequest
+from agent.workload.types import RequestSpec
+from policies.base import DispatchPolicy
+from policies.types import PendingRequest
+
+# Event kinds, in the order they are processed when they share a time: step ends first, then dispatcher
+# wake-ups, then arrivals, then step starts (so that every request arriving at an instant can join the step
+# that starts at that instant).
+_STEP_END = 0
+_TICK = 1
+_START = 2
+
+
+@dataclass(slots=True)
+class RequestState:
+    """Where one request is, and what happened to it."""
+
+    spec: RequestSpec
+    ttft_slo_s: float
+    tpot_slo_s: float
+    unit_id: int | None = None
+    dispatched_s: float | None = None
+    outcome: RequestOutcome | None = None
+    rejected: bool = False
+    cycles_waited: int = 0
+
+
+class Node:
+    """Units + dispatcher + arrivals. Time is seconds since the start of the run."""
+
+    def __init__(
+        self,
+        units: Sequence[Engine],
+        dispatcher: DispatchPolicy,
+        requests: Sequence[RequestSpec],
+        *,
+        ttft_slo_s: float,
+        tpot_slo_s: float,
+        on_step: Callable[[StepRecord], None] | None = None,
+        on_finish: Callable[[RequestOutcome], None] | None = None,
+    ) -> None:
+        if not units:
+            raise ValueError("a node needs at least one unit")
+        self.units = list(units)
+        self.dispatcher = dispatcher
+        self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
+        ids = {r.request_id for r in self.arrivals}
+        if len(ids) != len(self.arrivals):
+            raise ValueError("request ids must be unique")
+        self._next_arrival = 0
+        self.default_ttft_slo_s = ttft_slo_s
+        self.default_tpot_slo_s = tpot_slo_s
+        self.on_step = on_step
+        self.on_finish = on_finish
+        self.states: dict[str, RequestState] = {}
+        self.pending: list[str] = []
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+        self._tick_at: float | None = None
+        self._start_pending = [False] * len(self.units)
+        self.now_s = 0.0
+        self.num_finished = 0
+        self.num_rejected = 0
+
+    # -- time ---------------------------------------------------------------------------------------
+    def next_event_s(self) -> float | None:
+        """Time of the next event, or None when the run is over."""
+        t = self._heap[0][0] if self._heap else None
+        if self._next_arrival < len(self.arrivals):
+            a = self.arrivals[self._next_arrival].arrival_s
+            t = a if t is None else min(t, a)
+        return t
+
+    def advance(self, until_s: float) -> None:
+        """Process every event at or before ``until_s``."""
+        while True:
+            t = self.next_event_s()
+            if t is None or t > until_s:
+                break
+            self.now_s = max(self.now_s, t)
+            top = self._heap[0] if self._heap else None
+            arrival_due = (
+                self._next_arrival < len(self.arrivals) and self.arrivals[self._next_arrival].arrival_s <= t
+            )
+            if top is not None and top[0] <= t and not (arrival_due and top[1] == _START):
+                _, kind, _, unit_index = heapq.heappop(self._heap)
+                if kind == _STEP_END:
+                    self._on_step_end(unit_index)
+                elif kind == _START:
+                    self._start_pending[unit_index] = False
+                    self._start_step(unit_index)
+                else:
+                    self._tick_at = None
+                    self._dispatch()
+            else:
+                spec = self.arrivals[self._next_arrival]
+                self._next_arrival += 1
+                self._on_arrival(spec)
+        self.now_s = max(self.now_s, until_s)
+
+    def run(self, clock: Clock | None = None, *, until_s: float | None = None) -> None:
+        """Run until no event is left (or ``until_s``), waiting on ``clock`` (virtual by default)."""
+        clock = clock or VirtualClock()
+        while True:
+            t = self.next_event_s()
+            if t is None or (until_s is not None and t > until_s):
+                break
+            clock.wait_until(t)
+            self.advance(t)
+
+    @property
+    def done(self) -> bool:
+        return self.next_event_s() is None
+
+    # -- events -------------------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, unit_index: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, unit_index))
+
+    def _schedule_start(self, index: int) -> None:
+        if not self._start_pending[index] and not self.units[index].busy:
+            self._start_pending[index] = True
+            self._push(self.now_s, _START, index)
+
+    def _on_arrival(self, spec: RequestSpec) -> None:
+        ttft = spec.ttft_slo_ms / 1e3 if spec.ttft_slo_ms is not None else self.default_ttft_slo_s
+        tpot = spec.tpot_slo_ms / 1e3 if spec.tpot_slo_ms is not None else self.default_tpot_slo_s
+        self.states[spec.request_id] = RequestState(spec, ttft, tpot)
+        self.pending.append(spec.request_id)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        if not self.pending:
+            return
+        now = self.now_s
+        views = [
+            PendingRequest(
+                s.spec.request_id, s.spec.arrival_s, s.spec.prompt_tokens, s.ttft_slo_s, s.tpot_slo_s,
+                s.cycles_waited,
+            )
+            for s in (self.states[rid] for rid in self.pending)
+        ]
+        decision = self.dispatcher.dispatch(views, [u.load() for u in self.units], now)
+        placed: set[str] = set()
+        by_id = {u.unit_id: i for i, u in enumerate(self.units)}
+        for rid, unit_id in decision.assignments:
+            if rid in placed or rid not in self.states or rid not in self.pending:
+                raise RuntimeError(f"dispatcher {self.dispatcher.name} placed {rid} twice or unknown")
+            if unit_id not in by_id:
+                raise RuntimeError(f"dispatcher {self.dispatcher.name} chose unknown unit {unit_id}")
+            placed.add(rid)
+            state = self.states[rid]
+            state.unit_id = unit_id
+            state.dispatched_s = now
+            index = by_id[unit_id]
+            unit = self.units[index]
+            spec = state.spec
+            unit.submit(
+                SubmittedRequest(
+                    rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, state.ttft_slo_s,
+                    state.tpot_slo_s,
+                ),
+                now,
+            )
+            self._schedule_start(index)
+        for rid in decision.rejected:
+            if rid in placed or rid not in self.pending:
+                raise RuntimeError(f"dispatcher {self.dispatcher.name} rejected {rid} twice or unknown")
+            placed.add(rid)
+            self.states[rid].rejected = True
+            self.num_rejected += 1
+        if placed:
+            self.pending = [rid for rid in self.pending if rid not in placed]
+        for rid in self.pending:
+            self.states[rid].cycles_waited += 1
+        if decision.next_check_s is not None and self.pending:
+            t = max(decision.next_check_s, now)
+            if self._tick_at is None or t < self._tick_at:
+                self._tick_at = t
+                self._push(t, _TICK, -1)
+
+    def _start_step(self, index: int) -> None:
+        unit = self.units[index]
+        duration = unit.begin_step(self.now_s)
+        if duration is not None:
+            self._push(self.now_s + duration, _STEP_END, index)
+
+    def _on_step_end(self, index: int) -> None:
+        unit = self.units[index]
+        result = unit.end_step(self.now_s)
+        if self.on_step is not None:
+            self.on_step(result.record)
+        for outcome in result.finished:
+            self.states[outcome.request_id].outcome = outcome
+            self.num_finished += 1
+            if self.on_finish is not None:
+                self.on_finish(outcome)
+        if unit.has_work():
+            self._schedule_start(index)
+        if self.pending and getattr(self.dispatcher, "wants_step_reports", False):
+            self._dispatch()
+
+    # -- accounting ---------------------------------------------------------------------------------
+    def unfinished(self) -> list[str]:
+        """Requests neither finished nor rejected (pending, queued or running)."""
+        return [rid for rid, s in self.states.items() if s.outcome is None and not s.rejected]

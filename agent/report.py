@@ -1,0 +1,111 @@
+"""Run summaries: latency percentiles, goodput, SLO attainment and per-unit load, as plain dicts.
+
+Definitions (the same everywhere the project reports them):
+
+* TTFT = first token time - arrival; TPOT = (last token time - first token time) / (output tokens - 1),
+  undefined for a single output token (such a request meets the TPOT SLO trivially).
+* A request meets its SLO when both its TTFT and its TPOT are within its targets; rejected and unfinished
+  requests do not.
+* ``duration_s`` runs from time 0 (the workload's start) to the last event of the run.
+* ``goodput_rps`` = requests that met their SLO per second of the run; ``slo_attainment`` = the fraction of
+  all requests (rejected included) that met it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent.engine.base import RequestOutcome, StepRecord
+
+SUMMARY_KEYS = (
+    "requests", "completed", "rejected", "duration_s", "throughput_rps", "output_tokens_per_s",
+    "goodput_rps", "slo_attainment", "ttft_ms", "tpot_ms",
+)
+
+
+def latency_stats(values_s: Sequence[float]) -> dict[str, float | None]:
+    """``mean``, ``p50``, ``p90``, ``p99`` in milliseconds (None for an empty sample)."""
+    if not values_s:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    arr = np.asarray(values_s, dtype=float) * 1e3
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def summarize(
+    outcomes: Iterable[RequestOutcome], *, num_requests: int, num_rejected: int, duration_s: float
+) -> dict[str, Any]:
+    """The ``summary`` object of ``trackside bench``'s JSON (keys: :data:`SUMMARY_KEYS`)."""
+    done = list(outcomes)
+    ttft = [o.ttft_s for o in done]
+    tpot = [t for t in (o.tpot_s for o in done) if t is not None]
+    met = sum(1 for o in done if o.met_slo)
+    out_tokens = sum(o.output_tokens for o in done)
+    span = duration_s if duration_s > 0 else float("nan")
+    return {
+        "requests": num_requests,
+        "completed": len(done),
+        "rejected": num_rejected,
+        "duration_s": duration_s,
+        "throughput_rps": len(done) / span if done else 0.0,
+        "output_tokens_per_s": out_tokens / span if done else 0.0,
+        "goodput_rps": met / span if done else 0.0,
+        "slo_attainment": met / num_requests if num_requests else 0.0,
+        "ttft_ms": latency_stats(ttft),
+        "tpot_ms": latency_stats(tpot),
+    }
+
+
+@dataclass(slots=True)
+class UnitStats:
+    """Per-unit load, accumulated step by step (no step records are kept)."""
+
+    unit_id: int
+    steps: int = 0
+    busy_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    batch_sum: int = 0
+    kv_weighted: float = 0.0
+    kv_max: float = 0.0
+    preemptions: int = 0
+    completed: int = 0
+    pred_abs_err: float = 0.0
+    modes: dict[str, int] = field(default_factory=dict)
+
+    def add(self, rec: StepRecord) -> None:
+        self.steps += 1
+        self.busy_s += rec.duration_s
+        self.prefill_tokens += rec.num_prefill_tokens
+        self.decode_tokens += rec.num_decode_tokens
+        self.batch_sum += rec.num_prefill_reqs + rec.num_decode_reqs
+        usage = rec.kv_usage
+        self.kv_weighted += usage * rec.duration_s
+        self.kv_max = max(self.kv_max, usage)
+        self.preemptions += rec.num_preempted
+        self.completed += rec.num_finished
+        if rec.duration_s > 0:
+            self.pred_abs_err += abs(rec.predicted_s - rec.duration_s) / rec.duration_s
+        key = rec.mode.value
+        self.modes[key] = self.modes.get(key, 0) + 1
+
+    def as_dict(self, duration_s: float) -> dict[str, Any]:
+        return {
+            "unit_id": self.unit_id,
+            "steps": self.steps,
+            "busy_fraction": self.busy_s / duration_s if duration_s > 0 else 0.0,
+            "mean_batch_size": self.batch_sum / self.steps if self.steps else 0.0,
+            "mean_step_ms": 1e3 * self.busy_s / self.steps if self.steps else None,
+            "kv_usage_mean": self.kv_weighted / self.busy_s if self.busy_s > 0 else 0.0,
+            "kv_usage_max": self.kv_max,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "preemptions": self.preemptions,
+            "completed": self.completed,
+            "step_model_mape": self.pred_abs_err / self.steps if self.steps else None,
+            "steps_by_mode": dict(sorted(self.modes.items())),
+        }

@@ -1,0 +1,68 @@
+"""Abstract bases of the two policy kinds.
+
+Policies are pure decision makers: they see frozen snapshots and the time as arguments, and return
+plans. They may keep state between calls (an EMA, a phase), but do no I/O and read no clock.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from policies.params import ParamSpec, ParamValue, resolve_params
+from policies.types import DispatchDecision, PendingRequest, StepPlan, UnitLoad, UnitView
+
+
+class _Configurable:
+    name: ClassVar[str] = ""
+    """Registry name (what users type)."""
+    summary: ClassVar[str] = ""
+    """One line for ``trackside policies``."""
+    params_schema: ClassVar[tuple[ParamSpec, ...]] = ()
+
+    def __init__(self, params: Mapping[str, ParamValue] | None = None) -> None:
+        self.params: dict[str, ParamValue] = resolve_params(self.name, self.params_schema, params or {})
+        self.configure()
+
+    def configure(self) -> None:
+        """Read ``self.params`` into attributes; called at construction and after a live change."""
+
+    def update_params(self, changes: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """Validate and apply live changes; returns the previous values of the changed parameters.
+
+        Raises :class:`policies.params.ParamError` (nothing changes) for an unknown name, a bad value or
+        a parameter that cannot change live.
+        """
+        from policies.params import ParamError
+
+        schema = {spec.name: spec for spec in self.params_schema}
+        frozen = [n for n in changes if n in schema and not schema[n].live]
+        if frozen:
+            raise ParamError(f"{self.name}: {', '.join(frozen)} cannot change while running")
+        merged = resolve_params(self.name, self.params_schema, {**self.params, **changes})
+        old = {n: self.params[n] for n in changes}
+        self.params = merged
+        self.configure()
+        return old
+
+
+class BatchPolicy(_Configurable, abc.ABC):
+    """Decides each step of one DP unit."""
+
+    @abc.abstractmethod
+    def plan(self, unit: UnitView, now_s: float) -> StepPlan:
+        """The plan for the next step of ``unit`` at time ``now_s``."""
+
+    def observe_step(self, new_tokens: int, context_tokens: int, measured_s: float) -> None:
+        """Feedback after a step ran (for online cost fits). Default: ignore."""
+
+
+class DispatchPolicy(_Configurable, abc.ABC):
+    """Spreads arriving requests over the DP units of a node."""
+
+    @abc.abstractmethod
+    def dispatch(
+        self, pending: Sequence[PendingRequest], units: Sequence[UnitLoad], now_s: float
+    ) -> DispatchDecision:
+        """Which pending requests go to which unit now."""

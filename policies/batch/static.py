@@ -1,0 +1,65 @@
+"""``static``: request-level static batching, the reference continuous batching improves on (POLICIES.md 1.1).
+
+Fill a batch of up to ``batch_size`` waiting requests, run it until every member has finished, and only
+then take the next batch. Members are prefilled together (chunked if the token budget demands it). The
+tutorial's example (three slots, outputs 20/40/15/30/10) takes 70 iterations here and 45 under ``vllm``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from policies.base import BatchPolicy
+from policies.batch.common import chunk, step_mode
+from policies.params import ParamSpec
+from policies.types import ScheduledTokens, StepPlan, UnitView
+
+
+class StaticBatching(BatchPolicy):
+    """Run a fixed batch to completion before admitting anything new."""
+
+    name: ClassVar[str] = "static"
+    summary: ClassVar[str] = "static batching: a batch runs until all its requests finish (reference)"
+    params_schema: ClassVar[tuple[ParamSpec, ...]] = (
+        ParamSpec(
+            "batch_size", "int", 0, "requests per batch; 0 = the unit's max_num_seqs",
+            unit="requests", min=0, live=True,
+        ),
+    )
+
+    def configure(self) -> None:
+        self.batch_size = int(self.params["batch_size"])
+
+    def plan(self, unit: UnitView, now_s: float) -> StepPlan:
+        budget_total = unit.max_num_batched_tokens
+        budget = budget_total
+        entries: list[ScheduledTokens] = []
+        admitted = 0
+        if unit.running:
+            for req in unit.running:
+                if budget <= 0:
+                    break
+                n = chunk(req, budget, unit.max_model_len)
+                if n:
+                    entries.append(ScheduledTokens(req.request_id, n))
+                    budget -= n
+        else:
+            size = min(self.batch_size or unit.max_num_seqs, unit.max_num_seqs)
+            for req in unit.waiting[:size]:
+                if budget <= 0:
+                    break
+                n = chunk(req, budget, unit.max_model_len)
+                if n <= 0:
+                    break
+                entries.append(ScheduledTokens(req.request_id, n))
+                budget -= n
+                admitted += 1
+        by_id = {r.request_id: r for r in unit.running}
+        by_id.update((r.request_id, r) for r in unit.waiting[:admitted])
+        return StepPlan(
+            entries=tuple(entries),
+            running_order=tuple(r.request_id for r in unit.running),
+            mode=step_mode(entries, by_id),
+            token_budget=budget_total,
+            reasons={"batch_open": not unit.running, "admitted": admitted, "batch_members": len(unit.running)},
+        )

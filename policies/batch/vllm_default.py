@@ -1,0 +1,80 @@
+"""``vllm``: vLLM v1's default scheduler (POLICIES.md 1.2).
+
+Running requests first, in admission order: a decode takes its one token, a request still prefilling takes
+what is left of the token budget. Then waiting requests FCFS, while the budget lasts and fewer than
+``max_num_seqs`` requests run. Under a large budget this prioritizes prefill. The engine preempts the most
+recently admitted running request (the tail of ``running_order``) when KV blocks run out, and admits
+nothing more in a step that preempted, as ``Scheduler.schedule()`` does in
+``vllm/v1/core/sched/scheduler.py``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from policies.base import BatchPolicy
+from policies.batch.common import chunk, step_mode
+from policies.params import ParamSpec
+from policies.types import ScheduledTokens, StepPlan, UnitView
+
+
+class VllmDefault(BatchPolicy):
+    """vLLM v1's continuous batching with chunked prefill, FCFS."""
+
+    name: ClassVar[str] = "vllm"
+    summary: ClassVar[str] = "vLLM v1 default: running first, then waiting FCFS, chunked prefill"
+    params_schema: ClassVar[tuple[ParamSpec, ...]] = (
+        ParamSpec(
+            "max_num_batched_tokens", "int", 0,
+            "token budget per step; 0 = the unit's max_num_batched_tokens", unit="tokens", min=0,
+        ),
+        ParamSpec(
+            "long_prefill_token_threshold", "int", 0,
+            "cap on one request's prefill chunk per step; 0 = no cap", unit="tokens", min=0,
+        ),
+    )
+
+    def configure(self) -> None:
+        self.budget_cap = int(self.params["max_num_batched_tokens"])
+        self.threshold = int(self.params["long_prefill_token_threshold"])
+
+    def plan(self, unit: UnitView, now_s: float) -> StepPlan:
+        budget_total = unit.max_num_batched_tokens
+        if self.budget_cap:
+            budget_total = min(budget_total, self.budget_cap)
+        budget = budget_total
+        entries: list[ScheduledTokens] = []
+        for req in unit.running:
+            if budget <= 0:
+                break
+            n = chunk(req, budget, unit.max_model_len, self.threshold)
+            if n:
+                entries.append(ScheduledTokens(req.request_id, n))
+                budget -= n
+        num_running = len(unit.running)
+        admitted = 0
+        for req in unit.waiting:
+            if budget <= 0 or num_running >= unit.max_num_seqs:
+                break
+            n = chunk(req, budget, unit.max_model_len, self.threshold)
+            if n <= 0:
+                break
+            entries.append(ScheduledTokens(req.request_id, n))
+            budget -= n
+            num_running += 1
+            admitted += 1
+        by_id = {r.request_id: r for r in unit.running}
+        by_id.update((r.request_id, r) for r in unit.waiting[:admitted])
+        return StepPlan(
+            entries=tuple(entries),
+            running_order=tuple(r.request_id for r in unit.running),
+            mode=step_mode(entries, by_id),
+            token_budget=budget_total,
+            reasons={
+                "budget_tokens": budget_total,
+                "unused_budget_tokens": budget,
+                "admitted": admitted,
+                "waiting_left": len(unit.waiting) - admitted,
+                "seq_cap_reached": num_running >= unit.max_num_seqs,
+            },
+        )
