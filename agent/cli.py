@@ -18,7 +18,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent.bench import BenchConfig, RunResult, run_once
-from agent.cli_render import policies_table, profiles_table, render_peaks, render_runs, render_units
+from agent.cli_render import (
+    policies_json,
+    policies_text,
+    profiles_table,
+    render_peaks,
+    render_runs,
+    render_units,
+)
 from agent.engine.profiles import list_profiles
 from agent.workload.synthetic import describe_presets, parse_workload
 from agent.workload.traces import load_trace
@@ -103,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    sub.add_parser("policies", help="list every policy with its parameters")
+    pol = sub.add_parser("policies", help="list every policy with its parameters")
+    pol.add_argument("--json", action="store_true", help="print the parameter schemas as JSON")
     prof = sub.add_parser("profiles", help="list calibration profiles and their fit error on their records")
     prof.add_argument("--json", action="store_true", help="print the fit report as JSON")
     return parser
@@ -238,8 +246,16 @@ def _config_json(result: RunResult, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_policies(args: argparse.Namespace, console: Console) -> int:
-    console.print(policies_table("Batch policies (per step, per unit)", BATCH_POLICIES.values()))
-    console.print(policies_table("Dispatch policies (across DP units)", DISPATCH_POLICIES.values()))
+    if args.json:
+        payload = {
+            "batch": policies_json(BATCH_POLICIES.values()),
+            "dispatch": policies_json(DISPATCH_POLICIES.values()),
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    print(policies_text("Batch policies (per step, per unit)", BATCH_POLICIES.values()))
+    print()
+    print(policies_text("Dispatch policies (across DP units)", DISPATCH_POLICIES.values()))
     return 0
 
 

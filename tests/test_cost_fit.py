@@ -136,6 +136,18 @@ def test_online_converges_after_a_change() -> None:
     assert model.num_updates == 4000
 
 
+def test_forgetting_tracks_a_change_after_a_long_stable_history() -> None:
+    slower = StepCoefficients(a_s=20e-3, b_s=H100_8B.b_s, c_s=H100_8B.c_s)
+    estimates = {}
+    for lam in (0.999, 1.0):
+        model = OnlineStepModel(H100_8B, forgetting=lam)
+        feed(model, H100_8B, 6000, seed=8, sigma=0.03)
+        feed(model, slower, 4000, seed=9, sigma=0.03)
+        estimates[lam] = model.coefficients.a_s
+    assert estimates[0.999] == pytest.approx(20e-3, rel=0.05)
+    assert estimates[1.0] < 17e-3  # without forgetting, 6,000 old steps still hold it back
+
+
 def test_online_stays_near_prior_when_data_agree() -> None:
     model = OnlineStepModel(H100_8B)
     feed(model, H100_8B, 2000, seed=5, sigma=0.06)

@@ -212,7 +212,7 @@ def profile_to_json(p: Profile) -> dict[str, Any]:
                   "median_log_ratio": _sig(p.noise_log_median)},
         "kv_cache": {
             "block_size_tokens": p.block_size, "num_gpu_blocks": p.num_gpu_blocks,
-            "usable_blocks": p.usable_gpu_blocks, "capacity_tokens": p.kv_capacity_tokens,
+            "num_usable_blocks": p.usable_gpu_blocks, "capacity_tokens": p.kv_capacity_tokens,
             "method": ev.method, "num_steps_ctx_over_kv": ev.num_steps,
             "ctx_over_kv_median_tokens": _sig(ev.ctx_over_kv_median_tokens),
             "ctx_over_kv_p25_tokens": _sig(ev.ctx_over_kv_p25_tokens),

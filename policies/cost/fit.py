@@ -252,7 +252,7 @@ class OnlineStepModel:
         p12 -= g1 * v2
         p22 -= g2 * v2
         lam = self._lam
-        if lam < 1.0:
+        if lam < 1.0 and (p00 + p11 + p22) <= self._trace_max * lam:
             inv = 1.0 / lam
             p00, p01, p02, p11, p12, p22 = p00 * inv, p01 * inv, p02 * inv, p11 * inv, p12 * inv, p22 * inv
         if not (p00 > 0.0 and p11 > 0.0 and p22 > 0.0):  # lost positive definiteness: restart P only
