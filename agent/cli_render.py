@@ -140,14 +140,16 @@ def policies_json(classes: Iterable[type[BatchPolicy] | type[DispatchPolicy]]) -
 def profiles_table(reports: Mapping[str, Mapping[str, Any]]) -> Table:
     table = Table(title="Calibration profiles: fit error on their own step records", title_justify="left", **_COMPACT)
     table.add_column("profile", no_wrap=True)
-    for col in ("a ms", "b us", "c ns", "fit n", "R^2", "MAPE", "hold n", "R^2", "MAPE"):
+    for col in ("a ms", "b us", "c ns", "fit R^2", "MAPE", "holdout R^2", "MAPE"):
         table.add_column(col, justify="right")
     for name, rep in reports.items():
         fit, hold = rep["calibration"], rep["holdout"]
         table.add_row(
             name, f"{rep['a_ms']:.2f}", f"{rep['b_us_per_token']:.2f}", f"{rep['c_ns_per_context_token']:.1f}",
-            str(fit["n"]), f"{fit['r2']:.3f}", f"{100 * fit['mape']:.1f}%", str(hold["n"]),
-            f"{hold['r2']:.3f}", f"{100 * hold['mape']:.1f}%",
+            f"{fit['r2']:.3f}", f"{100 * fit['mape']:.1f}%", f"{hold['r2']:.3f}", f"{100 * hold['mape']:.1f}%",
         )
-    table.caption = "fit: the calibration workloads; holdout: the ShareGPT-like run the fit never saw"
+    table.caption = (
+        "T = a + b*new_tokens + c*context_tokens. fit: error on the calibration workloads' steps; holdout: on "
+        "the ShareGPT-like run's steps, which the fit never saw (--json gives step counts)"
+    )
     return table
