@@ -16,8 +16,14 @@ import pytest
 
 import agent.engine.profiles as profiles_module
 from agent.engine.profiles import (
-    DEFAULT_PROFILE, RECORD_DTYPE, UnknownProfileError, fit_report, list_profiles, load_profile,
-    load_records, select,
+    DEFAULT_PROFILE,
+    RECORD_DTYPE,
+    UnknownProfileError,
+    fit_report,
+    list_profiles,
+    load_profile,
+    load_records,
+    select,
 )
 from policies.cost.fit import fit_step_model
 

@@ -156,16 +156,17 @@ def _phase(records: Records) -> PhaseFit | None:
     return PhaseFit(coefs, stats)
 
 
-def _describe(summary: str, usable: int, block_size: int, ev: KvCapacityEvidence, kv_bytes_per_token: int,
-              max_ctx: int) -> str:
+def _describe(summary: str, usable: int, block_size: int, ev: KvCapacityEvidence,
+              kv_bytes_per_token: int | None, max_ctx: int) -> str:
     cap = usable * block_size
     how = (f"exact: every recorded kv equals used_blocks / {usable:,} (the only such denominator within "
            "10% of the ctx/kv estimate; uncertainty: vLLM's null-block convention, 1 block)"
            if ev.method == "exact-denominator" else "rounded median of ctx/kv (uncertainty about +-1%)")
     below = 100.0 * (1.0 - ev.ctx_over_kv_median_tokens / cap)
+    size = (f" = {cap * kv_bytes_per_token / 2**30:.1f} GiB at {kv_bytes_per_token // 1024} KiB/token"
+            if kv_bytes_per_token else "")
     return (f"{summary} KV cache: {usable + 1:,} vLLM blocks of {block_size} tokens per engine "
-            f"({usable:,} usable after the null block = {cap:,} tokens = "
-            f"{cap * kv_bytes_per_token / 2**30:.1f} GiB at {kv_bytes_per_token // 1024} KiB/token); {how}. "
+            f"({usable:,} usable after the null block = {cap:,} tokens{size}); {how}. "
             f"Cross-check: median ctx/kv over {ev.num_steps:,} decode-only steps with kv > 0.05 = "
             f"{ev.ctx_over_kv_median_tokens:,.0f} tokens (IQR {ev.ctx_over_kv_p25_tokens:,.0f}-"
             f"{ev.ctx_over_kv_p75_tokens:,.0f}), {below:.1f}% below (partly filled last blocks). "
@@ -178,7 +179,7 @@ def derive_profile(
     description: str,
     *,
     model: str,
-    kv_bytes_per_token: int,
+    kv_bytes_per_token: int | None = None,
     engines_per_gpu: int = 1,
     block_size: int = 16,
     max_num_batched_tokens: int = 8192,
@@ -189,8 +190,10 @@ def derive_profile(
 ) -> tuple[Profile, Records]:
     """Build profile ``name`` from probe files; return it and its step records.
 
-    ``description`` is the hand-written summary; the KV derivation is appended. The probe's engine
-    settings (``block_size`` ... ``max_model_len``, tokens) are not in the files and are passed in.
+    ``description`` is the hand-written summary; the KV derivation is appended (with its size in GiB when
+    ``kv_bytes_per_token`` is given). The probe's engine settings (``block_size`` ... ``max_model_len``,
+    tokens) are not in the files and are passed in. With several files (engines sharing a GPU) the
+    records are concatenated in file order and ``num_gpu_blocks`` is the smallest per-engine value.
     """
     paths = [Path(p) for p in calibration_json_paths]
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
@@ -262,7 +265,7 @@ def regenerate(calibration_dir: Path, out_dir: Path) -> list[Profile]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: regenerate the shipped profiles and print a summary."""
-    parser = argparse.ArgumentParser(prog="python -m agent.engine.calibration", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m agent.engine.calibration", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--shared", type=Path, default=default_shared_dir() / "calibration",
                         help="folder with the probe JSON files (default: $TRACKSIDE_SHARED/calibration)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "profiles",
@@ -272,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         c = p.coefficients
         print(f"{p.name:24s} a={c.a_s * 1e3:.3f} ms b={c.b_s * 1e6:.2f} us c={c.c_s * 1e9:.1f} ns "
               f"R2={p.fit.r2:.4f} MAPE={p.fit.mape:.3f} holdout R2={p.holdout.r2:.4f} MAPE={p.holdout.mape:.3f} "
-              f"sigma={p.noise_sigma:.3f} (std {p.noise_sigma_std:.3f}) blocks={p.num_gpu_blocks} ({p.kv_evidence.method})")
+              f"sigma={p.noise_sigma:.3f} (std {p.noise_sigma_std:.3f}) "
+              f"blocks={p.num_gpu_blocks} ({p.kv_evidence.method})")
     return 0
 
 

@@ -127,7 +127,9 @@ class OnlineStepModel:
     with ``lam = forgetting`` in (0, 1] (memory of about ``1 / (1 - lam)`` steps: 1,000 for 0.999) and the
     prior ``theta_0`` from a calibration profile, worth ``P_0^-1 = prior_strength * I``: ``prior_strength``
     pseudo-steps of unit scaled features. The prior fades at the same rate as old data, so a few noisy
-    steps barely move a good calibration, while a persistent change wins after a few hundred steps.
+    steps barely move a good calibration, while a persistent change takes over on the scale of
+    ``1 / (1 - lam)`` steps (synthetic 8B-like steps, ``a`` jumping from 9 to 20 ms: 19.2 ms after 1,000
+    steps from a fresh prior; 16.2 ms after 1,000 and 19.5 ms after 3,000 following 6,000 steady steps).
 
     **Update (re-derived).** Setting the gradient to zero gives ``R_k theta_k = r_k`` with
     ``R_k = lam R_{k-1} + x x'`` (``R_0 = P_0^-1``) and ``r_k = lam r_{k-1} + x y`` (``r_0 = R_0 theta_0``).
@@ -151,8 +153,9 @@ class OnlineStepModel:
     more slowly when it is larger than 100%. ``None`` disables it (exact RLS). (3) ``P`` is stored as its
     six upper-triangle entries, so it stays exactly symmetric.
 
-    **Cost.** Plain Python floats, the 3x3 algebra unrolled: about 1-2 us per :meth:`update` on CPython
-    3.11 (measured: 1.3 us on the development machine), against a step of ~10-30 ms.
+    **Cost.** Plain Python floats, the 3x3 algebra unrolled: 1.0 us per :meth:`update` (1.1 us when fed
+    numpy scalars) and 0.13 us per :meth:`predict_s`, measured on CPython 3.11.7 on a 2-core Xeon by
+    replaying the 3,913 records of the 8B profile 25 times; a step lasts 4-200 ms.
 
     The coefficients are unconstrained: with bad data ``b`` or ``c`` can become negative, so callers
     that divide by them must guard.
