@@ -265,7 +265,8 @@ def regenerate(calibration_dir: Path, out_dir: Path) -> list[Profile]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: regenerate the shipped profiles and print a summary."""
-    parser = argparse.ArgumentParser(prog="python -m agent.engine.calibration", description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m agent.engine.calibration",
+                                     description="Regenerate the shipped calibration profiles.")
     parser.add_argument("--shared", type=Path, default=default_shared_dir() / "calibration",
                         help="folder with the probe JSON files (default: $TRACKSIDE_SHARED/calibration)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "profiles",

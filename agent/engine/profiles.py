@@ -9,8 +9,9 @@ multiplicative noise level, the KV-cache capacity and the scheduler limits the r
 KV capacity (``num_gpu_blocks``). vLLM reports KV usage as ``1 - free_blocks / (num_gpu_blocks - 1)``
 (block 0 is its reserved null block), so every recorded ``kv`` is ``used_blocks / U`` with an integer
 ``used_blocks`` and ``U = num_gpu_blocks - 1`` usable blocks. :mod:`agent.engine.calibration` finds ``U``
-exactly: the one integer near the rough estimate ``median(ctx / kv) / block_size`` for which ``kv * U`` is
-integral (to 1e-6) in every recorded step. The rough estimate (median of ``ctx / kv`` over decode-only
+exactly: the one integer within 10% of the rough estimate ``median(ctx / kv) / block_size`` for which
+``kv * U`` is integral in every recorded step (to 1e-3 with ``kv`` stored to 1e-10; a wrong ``U`` misses
+by ~0.5). The rough estimate (median of ``ctx / kv`` over decode-only
 steps with ``kv > 0.05``, where every running request is scheduled) is kept in the profile as a
 cross-check; it sits 0.5-0.6% below the exact capacity because the last block of each request is only
 partly filled. The remaining uncertainty is the null-block convention (one block) and, if a later vLLM

@@ -146,7 +146,8 @@ class OnlineStepModel:
     **Safeguards.** (1) Bounded covariance: when the steps do not excite every direction (long runs of
     identical decode steps) dividing by ``lam`` makes ``P`` grow without bound ("wind-up") and a single
     unusual step would then swing the estimate; the division is skipped whenever it would raise
-    ``trace(P)`` above ``trace(P_0)``, i.e. the model never becomes less certain than its prior.
+    ``trace(P)`` above ``trace(P_0)``, i.e. the model never becomes less certain than its prior (that
+    step is then still an exact least-squares step, ``R_k = R_{k-1} + x x' / lam``, without forgetting).
     (2) Huber-style clipping: the innovation ``e`` is clipped to ``+-max_relative_innovation * pred`` (1.0
     by default), so a stop-the-world pause of 10x the predicted time counts as a step of 2x; a real
     change of the hardware's speed still moves the estimate every step in the right direction, only
