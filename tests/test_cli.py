@@ -100,7 +100,9 @@ def test_bad_arguments_get_one_clear_line(args: list[str], message: str, capsys:
 
 def test_bad_trace_line_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
-    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,48,10\n2023-11-16 18:17:04.0,x,8\n")
+    bad.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,48,10\n2023-11-16 18:17:04.0,x,8\n"
+    )
     proc = run_cli("bench", "--trace", str(bad), "--no-progress")
     assert proc.returncode == 2
     assert "bad.csv:3" in proc.stderr

@@ -171,7 +171,7 @@ def test_json_numbers_carry_their_unit(name: str) -> None:
     doc = json.loads((DATA / f"{name}.json").read_text())
     unitless = {"schema_version", "engines_per_gpu", "r2", "sigma_log", "sigma_log_std", "median_log_ratio",
                 "max_num_seqs"}
-    suffixes = ("_ms", "_us_per_token", "_ns_per_context_token", "_tokens", "_fraction")
+    suffixes = ("_ms", "_us_per_token", "_us_per_request", "_ns_per_context_token", "_tokens", "_fraction")
     for key in numeric_keys(doc):
         assert key in unitless or key.startswith("num_") or key.endswith(suffixes), key
 

@@ -173,6 +173,28 @@ def _describe(summary: str, usable: int, block_size: int, ev: KvCapacityEvidence
             f"Largest recorded step context: {max_ctx:,} tokens.")
 
 
+def fit_loop_overhead(runs: Sequence[dict[str, Any]], workloads: Sequence[str]) -> tuple[float, float]:
+    """Per-step engine-loop time outside the recorded window: ``gap = g0 + g1 * scheduled_requests``.
+
+    The records time each step from the start of ``schedule()`` to the end of ``update_from_output()``;
+    a workload's wall time also holds the rest of ``LLMEngine.step()`` (output processing). Per workload,
+    ``wall - sum(t) = g0 * steps + g1 * sum(nreq)``; least squares over the calibration workloads, clipped
+    at zero. Returns ``(g0, g1)`` in seconds.
+    """
+    rows: list[tuple[float, float]] = []
+    gaps: list[float] = []
+    for run in runs:
+        for result in run["results"]:
+            if result["tag"] not in workloads:
+                continue
+            start, stop = result["steps"]
+            steps = run["steps"][start:stop]
+            rows.append((float(len(steps)), float(sum(s["nreq"] for s in steps))))
+            gaps.append(float(result["wall"]) - float(sum(s["t"] for s in steps)))
+    coef, *_ = np.linalg.lstsq(np.array(rows), np.array(gaps), rcond=None)
+    return max(float(coef[0]), 0.0), max(float(coef[1]), 0.0)
+
+
 def derive_profile(
     name: str,
     calibration_json_paths: Sequence[Path | str],
@@ -210,6 +232,7 @@ def derive_profile(
     usable, evidence = min(per_engine, key=lambda pe: pe[0])
     sched = [s["t_sched"] for r in runs for res in r["results"] if res["tag"] in CALIBRATION_WORKLOADS
              for s in r["steps"][res["steps"][0]:res["steps"][1]]]
+    loop = fit_loop_overhead(runs, CALIBRATION_WORKLOADS)
     profile = Profile(
         name=name,
         description=_describe(description, usable, block_size, evidence, kv_bytes_per_token,
@@ -224,6 +247,7 @@ def derive_profile(
         block_size=block_size, num_gpu_blocks=usable + 1, kv_evidence=evidence,
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         sched_overhead_s=float(np.median(sched)),
+        loop_overhead_s=loop[0], loop_overhead_per_request_s=loop[1],
         decode_only=_phase(calib[calib["pre_tok"] == 0]),
         mixed=_phase(calib[(calib["pre_tok"] > 0) & (calib["dec"] > 0)]),
     )

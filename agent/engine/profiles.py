@@ -139,6 +139,12 @@ class Profile:
     """Tokens."""
     sched_overhead_s: float
     """Median time inside vLLM's ``schedule()`` over the calibration steps (seconds, informational)."""
+    loop_overhead_s: float
+    """Engine-loop time per step outside ``schedule()``..``update_from_output()`` (seconds): the rest of
+    ``LLMEngine.step()`` (output processing). Fitted with :attr:`loop_overhead_per_request_s` on
+    ``wall - sum(t)`` of each calibration workload; the simulator adds both to every step."""
+    loop_overhead_per_request_s: float
+    """Engine-loop time per step per scheduled request (seconds)."""
     decode_only: PhaseFit | None
     """Fit over the calibration steps without prefill tokens."""
     mixed: PhaseFit | None
@@ -220,7 +226,9 @@ def profile_to_json(p: Profile) -> dict[str, Any]:
             "ctx_over_kv_p75_tokens": _sig(ev.ctx_over_kv_p75_tokens),
         },
         "engine": {"max_num_batched_tokens": p.max_num_batched_tokens, "max_num_seqs": p.max_num_seqs,
-                   "max_model_len_tokens": p.max_model_len, "sched_overhead_ms": _sig(p.sched_overhead_s * 1e3)},
+                   "max_model_len_tokens": p.max_model_len, "sched_overhead_ms": _sig(p.sched_overhead_s * 1e3),
+                   "loop_overhead_ms": _sig(p.loop_overhead_s * 1e3),
+                   "loop_overhead_us_per_request": _sig(p.loop_overhead_per_request_s * 1e6)},
     }
 
 
@@ -250,6 +258,8 @@ def profile_from_json(d: dict[str, Any]) -> Profile:
         ),
         max_num_batched_tokens=int(eng["max_num_batched_tokens"]), max_num_seqs=int(eng["max_num_seqs"]),
         max_model_len=int(eng["max_model_len_tokens"]), sched_overhead_s=float(eng["sched_overhead_ms"]) * 1e-3,
+        loop_overhead_s=float(eng["loop_overhead_ms"]) * 1e-3,
+        loop_overhead_per_request_s=float(eng["loop_overhead_us_per_request"]) * 1e-6,
         decode_only=_phase_from(d.get("decode_only")), mixed=_phase_from(d.get("mixed")),
     )
 

@@ -220,7 +220,7 @@ class SimUnit:
             else:
                 pre_tok += n
                 pre_reqs += 1
-        duration = self.timer.duration_s(new, ctx, contexts)
+        duration = self.timer.duration_s(new, ctx, len(scheduled), contexts)
         predicted = self.cost_model.predict_s(new, ctx)
         self._inflight = scheduled
         self._inflight_meta = (now_s, duration, predicted, plan, new, ctx, pre_tok, dec_tok, pre_reqs, dec_reqs)

@@ -1,7 +1,10 @@
 """How long a simulated step takes: the calibrated linear model, plus optional measured effects.
 
 The ground truth of the simulator is ``T = a + b * new + c * ctx`` with the coefficients of a calibration
-profile (fitted on H100 step records, ``shared/calibration``). Two optional effects, both off by default:
+profile (fitted on H100 step records, ``shared/calibration``), plus the engine loop's time outside the
+recorded window, ``g0 + g1 * scheduled_requests`` (output processing in ``LLMEngine.step()``; about 0.1 ms
++ 8-10 us per request on the H100 runs, fitted per profile from each workload's wall time minus its summed
+step times). Two optional effects, both off by default:
 
 * **noise** - multiplicative log-normal, ``T * exp(N(-sigma^2/2, sigma))`` (mean-preserving), with the
   profile's residual spread as ``sigma``;
@@ -49,6 +52,8 @@ class StepTimer:
     noise_sigma: float = 0.0
     heterogeneity: bool = False
     seed: int = 0
+    loop_overhead_s: float = 0.0
+    loop_overhead_per_request_s: float = 0.0
     _rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -56,8 +61,10 @@ class StepTimer:
             raise ValueError("noise_sigma must be >= 0")
         self._rng = random.Random(self.seed)
 
-    def duration_s(self, new_tokens: int, context_tokens: int, contexts: list[int] | None = None) -> float:
-        """Duration of a step computing ``new_tokens`` over ``context_tokens`` of context.
+    def duration_s(
+        self, new_tokens: int, context_tokens: int, num_requests: int = 0, contexts: list[int] | None = None
+    ) -> float:
+        """Duration of a step computing ``new_tokens`` over ``context_tokens`` of context for ``num_requests``.
 
         ``contexts`` (per scheduled request) is only needed for the heterogeneity term.
         """
@@ -67,7 +74,7 @@ class StepTimer:
         if self.noise_sigma > 0.0:
             s = self.noise_sigma
             t *= math.exp(self._rng.gauss(-0.5 * s * s, s))
-        return t
+        return t + self.loop_overhead_s + self.loop_overhead_per_request_s * num_requests
 
 
 def heterogeneity_slowdown(contexts: list[int]) -> float:
