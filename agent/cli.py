@@ -27,7 +27,7 @@ from agent.cli_render import (
     render_units,
 )
 from agent.engine.profiles import list_profiles
-from agent.workload.synthetic import describe_presets, parse_workload
+from agent.workload.spec import describe_presets, parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec, WorkloadError
 from policies.params import ParamError, parse_assignments

@@ -6,10 +6,18 @@ a CLI spec such as ``bursty:rate=12,n=2000`` into requests. Both return ``list[R
 
 from __future__ import annotations
 
-from agent.workload.synthetic import (
+from agent.workload.spec import (
     ARRIVAL_KINDS,
-    MAX_LENGTH_TOKENS,
     PRESETS,
+    Preset,
+    WorkloadSpec,
+    describe_presets,
+    parse_length,
+    parse_workload,
+    parse_workload_spec,
+)
+from agent.workload.synthetic import (
+    MAX_LENGTH_TOKENS,
     AllAtOnce,
     ArrivalProcess,
     Fixed,
@@ -19,14 +27,8 @@ from agent.workload.synthetic import (
     LengthDistribution,
     Lognormal,
     PoissonArrivals,
-    Preset,
     Uniform,
-    WorkloadSpec,
-    describe_presets,
     generate,
-    parse_length,
-    parse_workload,
-    parse_workload_spec,
 )
 from agent.workload.traces import (
     load_azure_csv,

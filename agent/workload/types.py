@@ -59,3 +59,9 @@ class RequestSpec:
 def request_id_for(index: int) -> str:
     """The default id of the request at ``index`` (0-based) in file or generation order: ``r000042``."""
     return f"r{index:06d}"
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise :class:`WorkloadError` with ``message`` unless ``ok``."""
+    if not ok:
+        raise WorkloadError(message)
