@@ -202,10 +202,8 @@ def run_once(
         node.advance(t + chunk)
         if progress is not None:
             progress(node.num_finished + node.num_rejected + len(too_long), total)
-    duration = node.now_s if node.num_finished else 0.0
-    # ``advance`` moves the clock to the end of its window; the run ends at the last finish.
-    if outcomes:
-        duration = max(o.finish_s for o in outcomes)
+    # ``advance`` moves the node clock to the end of its window: the run ends at the last finish.
+    duration = max((o.finish_s for o in outcomes), default=0.0)
     summary = summarize(
         outcomes, num_requests=total, num_rejected=node.num_rejected + len(too_long), duration_s=duration
     )

@@ -11,13 +11,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agent.bench import BenchConfig, RunResult, run_once
+from agent.bench import BenchConfig, RunResult, run_once, scale_arrivals
 from agent.cli_render import (
     policies_json,
     policies_text,
@@ -26,7 +27,7 @@ from agent.cli_render import (
     render_runs,
     render_units,
 )
-from agent.engine.profiles import list_profiles
+from agent.engine.profiles import UnknownProfileError, fit_report, list_profiles, load_profile
 from agent.workload.spec import describe_presets, parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec, WorkloadError
@@ -126,8 +127,6 @@ def _load_workload(args: argparse.Namespace) -> list[RequestSpec]:
         return load_trace(args.trace, time_scale=args.time_scale, limit=args.limit)
     requests = parse_workload(args.workload, seed=args.seed)
     if args.time_scale != 1.0:
-        from agent.bench import scale_arrivals
-
         requests = scale_arrivals(requests, args.time_scale)
     return requests[: args.limit] if args.limit else requests
 
@@ -173,16 +172,8 @@ def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
     for scale in scales:
         for bp in batch_policies:
             for dp in dispatches:
-                runs.append(_replace(base, batch_policy=bp, dispatch=dp, time_scale=scale))
-    if args.sweep is None:
-        runs = [_replace(r, time_scale=1.0) for r in runs]
+                runs.append(replace(base, batch_policy=bp, dispatch=dp, time_scale=scale))
     return runs
-
-
-def _replace(config: BenchConfig, **changes: Any) -> BenchConfig:
-    from dataclasses import replace
-
-    return replace(config, **changes)
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -190,8 +181,6 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if not requests:
         raise CliError("the workload has no requests")
     configs = _plan_runs(args)
-    from agent.engine.profiles import load_profile
-
     load_profile(args.profile)  # fail early on an unknown profile
     results: list[RunResult] = []
     show = not args.no_progress
@@ -260,8 +249,6 @@ def cmd_policies(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
-    from agent.engine.profiles import fit_report
-
     reports = {name: fit_report(name) for name in list_profiles()}
     if args.json:
         print(json.dumps(reports, indent=2))
@@ -279,8 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     try:
         return COMMANDS[args.command](args, console)
-    except (CliError, WorkloadError, ParamError, UnknownPolicyError, LookupError) as exc:
-        message = exc.args[0] if isinstance(exc, LookupError) and exc.args else str(exc)
+    except (CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError) as exc:
+        # KeyError subclasses would print their message quoted: take the argument as it is.
+        message = str(exc.args[0]) if exc.args else str(exc)
         print(f"trackside {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -70,7 +70,8 @@ class Node:
         self.on_step = on_step
         self.on_finish = on_finish
         self.states: dict[str, RequestState] = {}
-        self.pending: list[str] = []
+        self.pending: dict[str, None] = {}
+        """Requests at the dispatcher, in arrival order (a dict as an ordered set)."""
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._tick_at: float | None = None
@@ -143,7 +144,7 @@ class Node:
         ttft = spec.ttft_slo_ms / 1e3 if spec.ttft_slo_ms is not None else self.default_ttft_slo_s
         tpot = spec.tpot_slo_ms / 1e3 if spec.tpot_slo_ms is not None else self.default_tpot_slo_s
         self.states[spec.request_id] = RequestState(spec, ttft, tpot)
-        self.pending.append(spec.request_id)
+        self.pending[spec.request_id] = None
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -186,8 +187,8 @@ class Node:
             placed.add(rid)
             self.states[rid].rejected = True
             self.num_rejected += 1
-        if placed:
-            self.pending = [rid for rid in self.pending if rid not in placed]
+        for rid in placed:
+            del self.pending[rid]
         for rid in self.pending:
             self.states[rid].cycles_waited += 1
         if decision.next_check_s is not None and self.pending:
@@ -214,7 +215,7 @@ class Node:
                 self.on_finish(outcome)
         if unit.has_work():
             self._schedule_start(index)
-        if self.pending and getattr(self.dispatcher, "wants_step_reports", False):
+        if self.pending and self.dispatcher.wants_step_reports:
             self._dispatch()
 
     # -- accounting ---------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ Definitions (the same everywhere the project reports them):
   undefined for a single output token (such a request meets the TPOT SLO trivially).
 * A request meets its SLO when both its TTFT and its TPOT are within its targets; rejected and unfinished
   requests do not.
-* ``duration_s`` runs from time 0 (the workload's start) to the last event of the run.
+* ``duration_s`` runs from time 0 (the workload's start) to the last request's completion.
 * ``goodput_rps`` = requests that met their SLO per second of the run; ``slo_attainment`` = the fraction of
   all requests (rejected included) that met it.
 """

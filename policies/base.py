@@ -59,7 +59,13 @@ class BatchPolicy(_Configurable, abc.ABC):
 
 
 class DispatchPolicy(_Configurable, abc.ABC):
-    """Spreads arriving requests over the DP units of a node."""
+    """Spreads arriving requests over the DP units of a node.
+
+    The node asks on every arrival, at ``DispatchDecision.next_check_s``, and, when
+    ``wants_step_reports`` is set, after every unit's step while requests are pending.
+    """
+
+    wants_step_reports: ClassVar[bool] = False
 
     @abc.abstractmethod
     def dispatch(
