@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from builders import make_unit, requests
 
 from agent.clock import WallClock
 from agent.node import Node
+from policies.base import DispatchPolicy
 from policies.registry import make_dispatch_policy
+from policies.types import DispatchDecision, PendingRequest, UnitLoad
 
 
 class FakeTime:
@@ -55,3 +59,57 @@ def test_requests_arriving_at_the_same_instant_share_the_first_step() -> None:
     )
     node.run()
     assert steps[0].num_prefill_reqs == 3
+
+
+class _HoldThenRelease(DispatchPolicy):
+    """Holds everything until ``release_at``, asking to be woken then; optionally wants step reports."""
+
+    name = "hold-test"
+
+    def __init__(self, release_at: float, step_reports: bool) -> None:
+        super().__init__()
+        self.release_at = release_at
+        self.wants_step_reports = step_reports  # type: ignore[misc]
+        self.calls: list[float] = []
+
+    def dispatch(
+        self, pending: Sequence[PendingRequest], units: Sequence[UnitLoad], now_s: float
+    ) -> DispatchDecision:
+        self.calls.append(now_s)
+        if now_s < self.release_at:
+            return DispatchDecision(next_check_s=self.release_at)
+        return DispatchDecision(assignments=tuple((p.request_id, 0) for p in pending))
+
+
+def test_held_requests_are_dispatched_at_the_requested_check_time() -> None:
+    policy = _HoldThenRelease(release_at=7.5, step_reports=False)
+    node = Node([make_unit()], policy, requests([(8, 2)] * 2, arrivals=[0.0, 1.0]), ttft_slo_s=1, tpot_slo_s=1)
+    node.run()
+    assert node.num_finished == 2
+    outcomes = [s.outcome for s in node.states.values()]
+    assert all(o is not None and o.first_token_s == pytest.approx(8.5) for o in outcomes)
+    assert policy.calls == [0.0, 1.0, 7.5]
+    assert all(s.cycles_waited == (2 if s.spec.arrival_s == 0.0 else 1) for s in node.states.values())
+
+
+class _FirstNowRestLater(_HoldThenRelease):
+    """Places requests that arrived at 0 at once; holds later ones until ``release_at``."""
+
+    def dispatch(
+        self, pending: Sequence[PendingRequest], units: Sequence[UnitLoad], now_s: float
+    ) -> DispatchDecision:
+        self.calls.append(now_s)
+        go = [p for p in pending if p.arrival_s == 0.0 or now_s >= self.release_at]
+        return DispatchDecision(assignments=tuple((p.request_id, 0) for p in go), next_check_s=self.release_at)
+
+
+@pytest.mark.parametrize("step_reports", [False, True])
+def test_step_reports_wake_a_dispatcher_that_asks_for_them(step_reports: bool) -> None:
+    policy = _FirstNowRestLater(release_at=3.0, step_reports=step_reports)
+    reqs = requests([(8, 6), (8, 2)], arrivals=[0.0, 0.5])
+    node = Node([make_unit()], policy, reqs, ttft_slo_s=1, tpot_slo_s=1)
+    node.run()
+    assert node.num_finished == 2
+    # Request 1 waits from 0.5 to 3.0; unit 0's steps end at 1.0 and 2.0 in between.
+    held = [t for t in policy.calls if 0.5 <= t <= 3.0]
+    assert held == ([0.5, 1.0, 2.0, 3.0] if step_reports else [0.5, 3.0])
