@@ -12,7 +12,7 @@ step times). Two optional effects, both off by default:
   requests were very long (``shared/calibration/h100_llama31-8b_heterogeneity.json``): +9.5% at 64
   requests (context CV 1.92), +7.2% at 128 (CV 2.74), +1.7% at 256 (CV 1.88). The slowdown per unit of CV
   falls roughly as 1/batch, so we model ``slowdown = h * cv / n`` and fit ``h`` by least squares through
-  the origin on those three points: ``h = sum(x*s) / sum(x^2)`` with ``x = cv/n``, giving h = 3.20. The
+  the origin on those three points: ``h = sum(x*s) / sum(x^2)`` with ``x = cv/n``, giving h = 3.19. The
   slowdown is capped at the largest measured value (9.5%): we do not extrapolate beyond what was seen.
   CascadeInfer reports 1.1-2.1x on other hardware; on an H100 with FA3 the measurements do not support
   that, so neither does the simulator.
