@@ -156,6 +156,16 @@ def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
         if not scales or min(scales) <= 0:
             raise CliError("--sweep: give at least one time scale, each > 0")
     params = parse_assignments(args.param)
+    for key in params:
+        owner, dot, name = key.rpartition(".")
+        if not dot:
+            continue
+        cls = BATCH_POLICIES.get(owner) or DISPATCH_POLICIES.get(owner)
+        if cls is None:
+            raise CliError(f"--param {key}: no policy named {owner!r}")
+        if name not in {p.name for p in cls.params_schema}:
+            known = ", ".join(p.name for p in cls.params_schema) or "none"
+            raise CliError(f"--param {key}: {owner} has no parameter {name!r} (its parameters: {known})")
     base = BenchConfig(
         profile=args.profile, units=args.units, params=params, ttft_slo_ms=args.slo_ttft_ms,
         tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, noise=args.noise, heterogeneity=args.heterogeneity,

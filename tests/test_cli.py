@@ -88,6 +88,8 @@ def test_synthetic_workload_and_params(tmp_path: Path) -> None:
         (["--param", "long_prefill_token_threshold=-5"], "below the minimum"),
         (["--profile", "a100-nope"], "a100-nope"),
         (["--sweep", "rate=1,2"], "--sweep takes time-scale"),
+        (["--param", "vlm.long_prefill_token_threshold=4"], "no policy named 'vlm'"),
+        (["--param", "vllm.threshold=4"], "vllm has no parameter 'threshold'"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
