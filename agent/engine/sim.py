@@ -29,7 +29,7 @@ from agent.engine.base import RequestOutcome, StepRecord, StepResult, SubmittedR
 from agent.engine.timing import StepTimer
 from policies.base import BatchPolicy
 from policies.cost.step_model import StepCoefficients
-from policies.types import RequestView, ScheduledTokens, StepMode, StepPlan, UnitLoad, UnitView
+from policies.types import RequestView, StepMode, StepPlan, UnitLoad, UnitView
 
 
 class PlanError(RuntimeError):
@@ -408,4 +408,4 @@ def _mode(prefill_tokens: int, decode_tokens: int) -> StepMode:
     return StepMode.IDLE
 
 
-__all__ = ["CostModel", "FixedCostModel", "PlanError", "ScheduledTokens", "SimUnit"]
+__all__ = ["CostModel", "FixedCostModel", "PlanError", "SimUnit"]
