@@ -16,7 +16,7 @@ from agent.engine.profiles import Profile, load_profile
 from agent.engine.sim import FixedCostModel, SimUnit
 from agent.engine.timing import StepTimer
 from agent.node import Node
-from agent.report import UnitStats, summarize
+from agent.report import UnitStats, offered_rps, summarize
 from agent.workload.types import RequestSpec
 from policies.cost.fit import OnlineStepModel
 from policies.params import ParamError, ParamValue
@@ -63,6 +63,10 @@ class RunResult:
     unfinished: int
     batch_params: dict[str, ParamValue]
     dispatch_params: dict[str, ParamValue]
+    offered_rps: float = 0.0
+    """Offered load of the (scaled) workload, requests per second over its arrival span."""
+    refused: int = 0
+    """Requests refused by a unit's admission control (included in ``summary["rejected"]``)."""
 
     def as_run(self) -> dict[str, Any]:
         """One entry of the JSON ``runs`` list."""
@@ -71,6 +75,8 @@ class RunResult:
             "dispatch": self.config.dispatch,
             "params": {**self.batch_params, **self.dispatch_params},
             "time_scale": self.config.time_scale,
+            "offered_rps": self.offered_rps,
+            "refused": self.refused,
             "summary": self.summary,
             "units": self.units,
         }
@@ -136,6 +142,7 @@ def build_units(
             seed=config.seed * 1000 + k,
             loop_overhead_s=profile.loop_overhead_s,
             loop_overhead_per_request_s=profile.loop_overhead_per_request_s,
+            interference_kappa=profile.interference_kappa,
         )
         # Forgetting 0.99 tracked the held-out ShareGPT-like steps better than 0.999 or a fixed model on
         # all four profiles (mean error before each update: 8B 7.2%, eager 13.8%, 1B 20.9%, shared 18.8%).
@@ -156,6 +163,7 @@ def build_units(
                 max_model_len=profile.max_model_len,
                 cost_model=cost,
                 on_step=on_step,
+                mixed_interference=profile.interference_kappa,
             )
         )
     return units
@@ -214,4 +222,6 @@ def run_once(
         unfinished=len(node.unfinished()),
         batch_params=dict(units[0].policy.params),
         dispatch_params=dict(dispatcher.params),
+        offered_rps=offered_rps([r.arrival_s for r in requests]),
+        refused=node.num_refused,
     )

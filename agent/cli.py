@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "profiles`; default h100-llama31-8b)")
     bench.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
     bench.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
+    bench.add_argument(
+        "--slo-target", type=float, default=0.9,
+        help="attainment at which a sweep reports the sustained load (default 0.9 = 90%% of requests)",
+    )
     bench.add_argument("--seed", type=int, default=0, help="random seed (workload generation, noise)")
     bench.add_argument(
         "--time-scale", type=float, default=1.0,
@@ -190,6 +194,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     requests = _load_workload(args)
     if not requests:
         raise CliError("the workload has no requests")
+    if not 0.0 < args.slo_target <= 1.0:
+        raise CliError("--slo-target must be in (0, 1]")
     configs = _plan_runs(args)
     load_profile(args.profile)  # fail early on an unknown profile
     results: list[RunResult] = []
@@ -220,7 +226,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if single:
         render_units(console, results[0])
     if args.sweep:
-        render_peaks(console, results)
+        render_peaks(console, results, args.slo_target)
     if args.json:
         payload: dict[str, Any]
         if single:

@@ -39,6 +39,8 @@ class RequestState:
     dispatched_s: float | None = None
     outcome: RequestOutcome | None = None
     rejected: bool = False
+    refused_by: int | None = None
+    """The unit whose batch policy refused the request at admission (it is then also ``rejected``)."""
     cycles_waited: int = 0
 
 
@@ -79,6 +81,8 @@ class Node:
         self.now_s = 0.0
         self.num_finished = 0
         self.num_rejected = 0
+        self.num_refused = 0
+        """Rejected by a unit's admission control (a subset of ``num_rejected``)."""
 
     # -- time ---------------------------------------------------------------------------------------
     def next_event_s(self) -> float | None:
@@ -168,11 +172,18 @@ class Node:
                 raise RuntimeError(f"dispatcher {self.dispatcher.name} chose unknown unit {unit_id}")
             placed.add(rid)
             state = self.states[rid]
-            state.unit_id = unit_id
-            state.dispatched_s = now
             index = by_id[unit_id]
             unit = self.units[index]
             spec = state.spec
+            if unit.policy.refuses(spec.prompt_tokens, unit.cost):
+                # Admission control of the unit's batch policy (e.g. FairBatching's PAB): counted, not lost.
+                state.rejected = True
+                state.refused_by = unit_id
+                self.num_rejected += 1
+                self.num_refused += 1
+                continue
+            state.unit_id = unit_id
+            state.dispatched_s = now
             unit.submit(
                 SubmittedRequest(
                     rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, state.ttft_slo_s,

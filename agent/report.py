@@ -13,6 +13,7 @@ Definitions (the same everywhere the project reports them):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,30 @@ def summarize(
         "ttft_ms": latency_stats(ttft),
         "tpot_ms": latency_stats(tpot),
     }
+
+
+def offered_rps(arrivals_s: Sequence[float]) -> float:
+    """Offered load: requests per second over the arrival span (0 for fewer than two distinct arrivals)."""
+    if len(arrivals_s) < 2:
+        return 0.0
+    span = max(arrivals_s) - min(arrivals_s)
+    return len(arrivals_s) / span if span > 0 else 0.0
+
+
+def slo_capacity(points: Iterable[tuple[float, float]], target: float = 0.9) -> float | None:
+    """The highest offered load at which SLO attainment still reaches ``target`` (DistServe's goodput).
+
+    ``points`` are ``(offered_rps, slo_attainment)`` pairs of a load sweep. Walking up in load, the answer is
+    the load where attainment first falls below ``target``, interpolated linearly between that point and the
+    one before it; the highest load when it never falls below; None when even the lightest load misses.
+    """
+    pts = sorted(points)
+    if not pts or pts[0][1] < target:
+        return None
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if y1 < target:
+            return x0 + (x1 - x0) * (y0 - target) / (y0 - y1)
+    return pts[-1][0]
 
 
 @dataclass(slots=True)

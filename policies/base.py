@@ -10,8 +10,9 @@ import abc
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+from policies.cost.step_model import StepCoefficients
 from policies.params import ParamSpec, ParamValue, resolve_params
-from policies.types import DispatchDecision, PendingRequest, StepPlan, UnitLoad, UnitView
+from policies.types import DispatchDecision, PendingRequest, StepFeedback, StepPlan, UnitLoad, UnitView
 
 
 class _Configurable:
@@ -54,8 +55,24 @@ class BatchPolicy(_Configurable, abc.ABC):
     def plan(self, unit: UnitView, now_s: float) -> StepPlan:
         """The plan for the next step of ``unit`` at time ``now_s``."""
 
-    def observe_step(self, new_tokens: int, context_tokens: int, measured_s: float) -> None:
-        """Feedback after a step ran (for online cost fits). Default: ignore."""
+    def observe_step(self, feedback: StepFeedback) -> None:
+        """Feedback after one of this policy's steps ran (for online fits). Default: ignore."""
+
+    def admission_budget_tokens(self) -> float | None:
+        """Prompt tokens this unit can still take without missing SLOs, if the policy computes it.
+
+        Exported in :class:`UnitLoad` as ``prefill_admission_budget`` (FairBatching's PAB). None: the
+        policy has no such budget.
+        """
+        return None
+
+    def refuses(self, prompt_tokens: int, cost: StepCoefficients) -> bool:
+        """True when the policy refuses a new request of this prompt length (admission control).
+
+        ``cost`` is the unit's current step model. Called when the dispatcher places a request on the unit;
+        the node counts a refused request as rejected, it is never dropped silently. Default: admit all.
+        """
+        return False
 
 
 class DispatchPolicy(_Configurable, abc.ABC):

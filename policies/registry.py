@@ -5,12 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from policies.base import BatchPolicy, DispatchPolicy
+from policies.batch.exclusive import ExclusiveBatching
+from policies.batch.fairbatching import FairBatching, FairBatchingPab
+from policies.batch.hybrid import HybridEB
+from policies.batch.sarathi import Sarathi
 from policies.batch.static import StaticBatching
 from policies.batch.vllm_default import VllmDefault
 from policies.dispatch.baseline import LeastLoaded, RoundRobin
 from policies.params import ParamValue
 
-BATCH_POLICIES: dict[str, type[BatchPolicy]] = {cls.name: cls for cls in (StaticBatching, VllmDefault)}
+BATCH_POLICIES: dict[str, type[BatchPolicy]] = {
+    cls.name: cls
+    for cls in (StaticBatching, VllmDefault, Sarathi, FairBatching, FairBatchingPab, ExclusiveBatching, HybridEB)
+}
 DISPATCH_POLICIES: dict[str, type[DispatchPolicy]] = {cls.name: cls for cls in (RoundRobin, LeastLoaded)}
 
 

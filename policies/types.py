@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from policies.cost.step_model import StepCoefficients
 
@@ -97,15 +98,21 @@ class UnitView:
     max_model_len: int
     cost: StepCoefficients
     """The unit's current step-time model (calibrated, refined online)."""
+    mixed_interference: float = 0.0
+    """Calibrated slowdown of mixed steps: a step with decode share ``rho`` takes ``1 + k * rho * (1 - rho)``
+    times the linear model's time (the profile's fitted ``k``; 0 = none known). A prior for EB+."""
 
     def blocks_for(self, tokens: int) -> int:
         """KV blocks needed to hold ``tokens`` tokens."""
         return -(-tokens // self.block_size)
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledTokens:
-    """One line of a plan: compute ``num_tokens`` tokens of ``request_id`` this step."""
+class ScheduledTokens(NamedTuple):
+    """One line of a plan: compute ``num_tokens`` tokens of ``request_id`` this step.
+
+    A named tuple rather than a frozen dataclass: a plan holds one per scheduled request (hundreds per step)
+    and tuple construction is the cheaper of the two on the per-step hot path.
+    """
 
     request_id: str
     num_tokens: int
@@ -133,6 +140,40 @@ class StepPlan:
     def num_tokens(self) -> int:
         """Tokens planned in this step."""
         return sum(e.num_tokens for e in self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeedback:
+    """What a batch policy learns after one of its steps ran (for online cost fits).
+
+    The engine computes this from the step it ran; ``measured_s`` is the real (or simulated) duration and
+    ``predicted_s`` what the unit's cost model predicted before the step.
+    """
+
+    mode: StepMode
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    context_tokens: int
+    """Sum over scheduled requests of their context after the step (the ``ctx`` of the step model)."""
+    num_requests: int
+    measured_s: float
+    predicted_s: float
+    num_finished: int = 0
+    finished_output_tokens: tuple[int, ...] = ()
+    """Output lengths of the requests that finished in this step (for survival curves)."""
+    finished_prompt_tokens: tuple[int, ...] = ()
+    num_unfinished: int = 0
+    """Requests left on the unit (running and waiting) after the step; 0 means the unit is now idle."""
+
+    @property
+    def new_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def decode_share(self) -> float:
+        """Decode tokens over all tokens of the step (``rho``); 0 for an empty step."""
+        n = self.new_tokens
+        return self.num_decode_tokens / n if n else 0.0
 
 
 @dataclass(frozen=True, slots=True)

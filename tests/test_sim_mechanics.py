@@ -122,7 +122,7 @@ workloads = st.lists(
     budget=st.sampled_from([32, 128, 1024]),
     num_blocks=st.integers(50, 400),
     max_num_seqs=st.integers(1, 8),
-    policy=st.sampled_from(["vllm", "static"]),
+    policy=st.sampled_from(["vllm", "static", "sarathi", "fairbatching", "fairbatching+pab", "eb", "eb+"]),
     dispatch=st.sampled_from(["round_robin", "least_loaded"]),
 )
 def test_invariants_hold_on_random_workloads(
@@ -135,8 +135,13 @@ def test_invariants_hold_on_random_workloads(
     ]
     reqs = requests([(p, o) for p, o, _ in workload], arrivals=[t for _, _, t in workload])
     node, steps, done = run_node(units, reqs, dispatch)
-    # Every request finishes exactly once, with exactly its output length.
-    assert sorted(o.request_id for o in done) == sorted(r.request_id for r in reqs)
+    # Every request finishes exactly once, with exactly its output length, or (admission control only) is
+    # refused and counted.
+    refused = [rid for rid, s in node.states.items() if s.rejected]
+    assert sorted([o.request_id for o in done] + refused) == sorted(r.request_id for r in reqs)
+    assert len(refused) == node.num_refused
+    if policy != "fairbatching+pab":
+        assert not refused
     want = {r.request_id: r.output_tokens for r in reqs}
     assert all(o.output_tokens == want[o.request_id] for o in done)
     assert not node.unfinished()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from policies.base import BatchPolicy
+from policies.cost.step_model import StepCoefficients
 from policies.types import ReasonValue, StepMode, UnitLoad
 
 
@@ -129,3 +130,8 @@ class Engine(Protocol):
     def load(self) -> UnitLoad: ...
 
     def set_policy(self, policy: BatchPolicy) -> None: ...
+
+    @property
+    def cost(self) -> StepCoefficients:
+        """The unit's current step-time model (what its policy plans with)."""
+        ...

@@ -4,7 +4,14 @@ A profile describes one engine configuration measured on real hardware (``shared
 HBM3, vLLM 0.26.0, 2026-11-22): the step-time model ``T = a + b * new_tokens + c * context_tokens`` fitted
 over the calibration workloads (``mix``, ``longctx``, ``small``, ``dec128``: exactly the steps of
 ``probe.py``'s ``all`` fit), its error there and on the ``sharegpt_like`` workload it never saw (holdout), a
-multiplicative noise level, the KV-cache capacity and the scheduler limits the runs used.
+multiplicative noise level, the mixed-batch interference ``kappa`` (fitted on all its records, see
+:func:`agent.engine.calibration.fit_interference_kappa`), the KV-cache capacity and the scheduler limits the
+runs used.
+
+A *derived* profile (``derived_from`` set, ``"derived"`` in its name) was never measured: it is computed from
+a measured one and published hardware figures (:mod:`agent.engine.calibration`, ``DERIVED_PROFILES``). It has
+no step records, so ``source``, ``fit``, ``holdout``, ``kv_evidence``, ``decode_only``, ``mixed`` and
+``interference`` are None, and :func:`load_records` refuses it.
 
 KV capacity (``num_gpu_blocks``). vLLM reports KV usage as ``1 - free_blocks / (num_gpu_blocks - 1)``
 (block 0 is its reserved null block), so every recorded ``kv`` is ``used_blocks / U`` with an integer
@@ -17,7 +24,7 @@ cross-check; it sits 0.5-0.6% below the exact capacity because the last block of
 partly filled. The remaining uncertainty is the null-block convention (one block) and, if a later vLLM
 changes the usage formula, the fallback to the rough estimate (about +-1%).
 
-Files: ``profiles/<name>.json`` (human-readable, units in the key names) and
+Files: ``profiles/<name>.json`` (human-readable, units in the key names) and, for measured profiles,
 ``profiles/<name>.records.csv.gz`` (the steps the profile was derived from), read with
 :mod:`importlib.resources`. The ``profiles/`` folder has no ``__init__.py`` on purpose: a package
 ``agent/engine/profiles/`` would shadow this module (a regular package wins over a module of the same
@@ -45,8 +52,8 @@ from policies.cost.step_model import StepCoefficients
 
 DEFAULT_PROFILE = "h100-llama31-8b"
 """The profile to use when none is named: Llama-3.1-8B, one H100, CUDA graphs."""
-SCHEMA_VERSION = 1
-"""Version of the JSON layout written by :func:`profile_to_json`."""
+SCHEMA_VERSION = 2
+"""Version of the JSON layout written by :func:`profile_to_json` (2: interference, derived profiles)."""
 RECORD_COLUMNS = ("workload", "t_s", "new", "pre_tok", "dec", "npre", "ctx", "nreq", "kv")
 """Columns of ``<name>.records.csv.gz``: workload tag, step seconds, tokens computed, prefill tokens,
 decode tokens, prefilling requests, context tokens, scheduled requests, KV usage fraction after the step."""
@@ -102,9 +109,63 @@ class KvCapacityEvidence:
     ctx_over_kv_p75_tokens: float
 
 
+@dataclass(frozen=True, slots=True)
+class InterferenceFit:
+    """How well ``interference_kappa`` explains a measured profile's mixed steps (prefill and decode tokens).
+
+    MAPE as fractions, of the linear model alone (``*_linear``) and with the interference factor; over all
+    records (the fit's data), and split into the calibration and the holdout workloads' mixed steps.
+    """
+
+    num_steps: int
+    mape_linear: float
+    mape: float
+    calibration_num_steps: int
+    calibration_mape_linear: float
+    calibration_mape: float
+    holdout_num_steps: int
+    holdout_mape_linear: float
+    holdout_mape: float
+    kappa_unadjusted: float
+    """The fit on raw step times, without replacing each step's ``schedule()`` time by its median (not
+    used: it mistakes vLLM's per-request scheduling cost for interference, see the calibration module)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Derivation:
+    """How a profile that was never measured was computed from a measured one and published figures."""
+
+    base_profile: str
+    """The measured profile it was scaled from."""
+    reference: str
+    """Where the target hardware's figures and the interference target come from."""
+    memory_bandwidth_tb_per_s: float
+    base_memory_bandwidth_tb_per_s: float
+    dense_bf16_tflops: float
+    base_dense_bf16_tflops: float
+    memory_gib: float
+    base_memory_gib: float
+    crossover_decode_fraction: float
+    """Decode share at which a mixed step's per-token marginal cost equals pure decode's (sets ``kappa``)."""
+    reference_decode_context_tokens: int
+    """Decode context at which that crossover is placed (:func:`agent.engine.timing.marginal_cost_crossover`)."""
+    method: str
+    """The derivation in words (also in the description)."""
+
+    @property
+    def bandwidth_ratio(self) -> float:
+        """Factor on the memory-bound terms ``a`` and ``c``."""
+        return self.base_memory_bandwidth_tb_per_s / self.memory_bandwidth_tb_per_s
+
+    @property
+    def compute_ratio(self) -> float:
+        """Factor on the compute-bound term ``b``."""
+        return self.base_dense_bf16_tflops / self.dense_bf16_tflops
+
+
 @dataclass(frozen=True)
 class Profile:
-    """One measured engine configuration (see the module docstring)."""
+    """One engine configuration, measured or derived from a measured one (see the module docstring)."""
 
     name: str
     description: str
@@ -114,25 +175,28 @@ class Profile:
     """``"cuda-graphs"`` (CUDA graphs + torch.compile) or ``"eager"``."""
     engines_per_gpu: int
     """Engines sharing the GPU during the measurement (2 for the ``-shared`` profile)."""
-    source: ProfileSource
+    source: ProfileSource | None
+    """None for a derived profile (see :attr:`derived_from`)."""
     coefficients: StepCoefficients
     """Fit over the calibration workloads (seconds, seconds per token, seconds per context token)."""
-    fit: FitStats
-    """Error of :attr:`coefficients` on the calibration steps."""
-    holdout: FitStats
-    """Error of :attr:`coefficients` on the holdout steps (never fitted)."""
+    fit: FitStats | None
+    """Error of :attr:`coefficients` on the calibration steps (None: derived, no steps)."""
+    holdout: FitStats | None
+    """Error of :attr:`coefficients` on the holdout steps (never fitted; None: derived)."""
     noise_sigma: float
     """Robust sigma of ``log(measured / predicted)`` (1.4826 * MAD) on the calibration steps: the
     log-normal step jitter a simulator may apply, ``T * exp(noise_sigma * z)``."""
     noise_sigma_std: float
     """Plain standard deviation of the same log ratios (inflated by a few stalls; for reference)."""
     noise_log_median: float
-    """Median of ``log(measured / predicted)``: negative means the typical step beats the OLS line."""
+    """Median of ``log(measured / predicted)``: negative means the typical step beats the OLS line. A derived
+    profile copies the three noise numbers of its base profile."""
     block_size: int
     """Tokens per KV block."""
     num_gpu_blocks: int
     """vLLM's ``num_gpu_blocks`` per engine, including its reserved null block."""
-    kv_evidence: KvCapacityEvidence
+    kv_evidence: KvCapacityEvidence | None
+    """None for a derived profile (its capacity is computed, see :attr:`derived_from`)."""
     max_num_batched_tokens: int
     max_num_seqs: int
     max_model_len: int
@@ -149,6 +213,19 @@ class Profile:
     """Fit over the calibration steps without prefill tokens."""
     mixed: PhaseFit | None
     """Fit over the calibration steps with both prefill and decode tokens."""
+    interference_kappa: float
+    """Mixed-batch interference: a step with decode share ``rho`` takes the linear prediction times
+    ``1 + kappa * rho * (1 - rho)`` (:func:`agent.engine.timing.interference_factor`). Simulator only: the
+    policies' cost model stays linear."""
+    interference: InterferenceFit | None
+    """How ``interference_kappa`` changes the error on the mixed steps (None: derived)."""
+    derived_from: Derivation | None
+    """Set for a profile derived from another one and published figures, never measured."""
+
+    @property
+    def is_derived(self) -> bool:
+        """True when the profile was computed, not measured (no step records)."""
+        return self.derived_from is not None
 
     @property
     def usable_gpu_blocks(self) -> int:
@@ -192,9 +269,114 @@ def _phase_from(d: dict[str, Any] | None) -> PhaseFit | None:
     return None if d is None else PhaseFit(_step_model_from(d["step_model"]), _stats_from(d["fit"]))
 
 
+def _source_json(p: Profile) -> dict[str, Any] | None:
+    if p.source is None:
+        return None
+    return {
+        "files": list(p.source.files), "measured_date": p.source.measured_date,
+        "vllm_version": p.source.vllm_version,
+        "calibration_workloads": list(p.source.calibration_workloads),
+        "holdout_workloads": list(p.source.holdout_workloads),
+        "records_file": f"{p.name}.records.csv.gz",
+    }
+
+
+def _source_from(d: dict[str, Any] | None) -> ProfileSource | None:
+    if d is None:
+        return None
+    return ProfileSource(
+        files=tuple(d["files"]), measured_date=d["measured_date"], vllm_version=d["vllm_version"],
+        calibration_workloads=tuple(d["calibration_workloads"]), holdout_workloads=tuple(d["holdout_workloads"]),
+    )
+
+
+def _interference_json(p: Profile) -> dict[str, Any]:
+    f = p.interference
+    fit = None if f is None else {
+        "num_mixed_steps": f.num_steps, "mixed_mape_linear_fraction": _sig(f.mape_linear),
+        "mixed_mape_fraction": _sig(f.mape), "num_calibration_mixed_steps": f.calibration_num_steps,
+        "calibration_mixed_mape_linear_fraction": _sig(f.calibration_mape_linear),
+        "calibration_mixed_mape_fraction": _sig(f.calibration_mape),
+        "num_holdout_mixed_steps": f.holdout_num_steps,
+        "holdout_mixed_mape_linear_fraction": _sig(f.holdout_mape_linear),
+        "holdout_mixed_mape_fraction": _sig(f.holdout_mape), "kappa_unadjusted": _sig(f.kappa_unadjusted),
+    }
+    return {"kappa": _sig(p.interference_kappa), "factor": "1 + kappa * rho * (1 - rho), rho = decode / new tokens",
+            "fitted_on": None if f is None else "all records, schedule() time replaced by its calibration median",
+            "fit": fit}
+
+
+def _interference_from(d: dict[str, Any] | None) -> InterferenceFit | None:
+    if d is None:
+        return None
+    return InterferenceFit(
+        num_steps=int(d["num_mixed_steps"]), mape_linear=float(d["mixed_mape_linear_fraction"]),
+        mape=float(d["mixed_mape_fraction"]), calibration_num_steps=int(d["num_calibration_mixed_steps"]),
+        calibration_mape_linear=float(d["calibration_mixed_mape_linear_fraction"]),
+        calibration_mape=float(d["calibration_mixed_mape_fraction"]),
+        holdout_num_steps=int(d["num_holdout_mixed_steps"]),
+        holdout_mape_linear=float(d["holdout_mixed_mape_linear_fraction"]),
+        holdout_mape=float(d["holdout_mixed_mape_fraction"]), kappa_unadjusted=float(d["kappa_unadjusted"]),
+    )
+
+
+def _derivation_json(d: Derivation | None) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    return {
+        "measured": False, "base_profile": d.base_profile, "reference": d.reference,
+        "memory_bandwidth_tb_per_s": _sig(d.memory_bandwidth_tb_per_s),
+        "base_memory_bandwidth_tb_per_s": _sig(d.base_memory_bandwidth_tb_per_s),
+        "dense_bf16_tflops": _sig(d.dense_bf16_tflops), "base_dense_bf16_tflops": _sig(d.base_dense_bf16_tflops),
+        "memory_gib": _sig(d.memory_gib), "base_memory_gib": _sig(d.base_memory_gib),
+        "crossover_decode_fraction": _sig(d.crossover_decode_fraction),
+        "reference_decode_context_tokens": d.reference_decode_context_tokens, "method": d.method,
+    }
+
+
+def _derivation_from(d: dict[str, Any] | None) -> Derivation | None:
+    if d is None:
+        return None
+    return Derivation(
+        base_profile=d["base_profile"], reference=d["reference"],
+        memory_bandwidth_tb_per_s=float(d["memory_bandwidth_tb_per_s"]),
+        base_memory_bandwidth_tb_per_s=float(d["base_memory_bandwidth_tb_per_s"]),
+        dense_bf16_tflops=float(d["dense_bf16_tflops"]), base_dense_bf16_tflops=float(d["base_dense_bf16_tflops"]),
+        memory_gib=float(d["memory_gib"]), base_memory_gib=float(d["base_memory_gib"]),
+        crossover_decode_fraction=float(d["crossover_decode_fraction"]),
+        reference_decode_context_tokens=int(d["reference_decode_context_tokens"]), method=d["method"],
+    )
+
+
+def _kv_json(p: Profile) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "block_size_tokens": p.block_size, "num_gpu_blocks": p.num_gpu_blocks,
+        "num_usable_blocks": p.usable_gpu_blocks, "capacity_tokens": p.kv_capacity_tokens,
+    }
+    ev = p.kv_evidence
+    if ev is None:
+        return {**out, "method": "derived"}
+    return {
+        **out, "method": ev.method, "num_steps_ctx_over_kv": ev.num_steps,
+        "ctx_over_kv_median_tokens": _sig(ev.ctx_over_kv_median_tokens),
+        "ctx_over_kv_p25_tokens": _sig(ev.ctx_over_kv_p25_tokens),
+        "ctx_over_kv_p75_tokens": _sig(ev.ctx_over_kv_p75_tokens),
+    }
+
+
+def _kv_evidence_from(kv: dict[str, Any]) -> KvCapacityEvidence | None:
+    if kv["method"] == "derived":
+        return None
+    return KvCapacityEvidence(
+        method=kv["method"], num_steps=int(kv["num_steps_ctx_over_kv"]),
+        ctx_over_kv_median_tokens=float(kv["ctx_over_kv_median_tokens"]),
+        ctx_over_kv_p25_tokens=float(kv["ctx_over_kv_p25_tokens"]),
+        ctx_over_kv_p75_tokens=float(kv["ctx_over_kv_p75_tokens"]),
+    )
+
+
 def profile_to_json(p: Profile) -> dict[str, Any]:
     """The JSON document of a profile (floats to 6 significant digits, units in the key names)."""
-    ev = p.kv_evidence
     return {
         "schema_version": SCHEMA_VERSION,
         "name": p.name,
@@ -203,28 +385,17 @@ def profile_to_json(p: Profile) -> dict[str, Any]:
         "model": p.model,
         "mode": p.mode,
         "engines_per_gpu": p.engines_per_gpu,
-        "source": {
-            "files": list(p.source.files), "measured_date": p.source.measured_date,
-            "vllm_version": p.source.vllm_version,
-            "calibration_workloads": list(p.source.calibration_workloads),
-            "holdout_workloads": list(p.source.holdout_workloads),
-            "records_file": f"{p.name}.records.csv.gz",
-        },
+        "derived_from": _derivation_json(p.derived_from),
+        "source": _source_json(p),
         "step_model": _step_model_json(p.coefficients),
-        "fit": _stats_json(p.fit),
-        "holdout": _stats_json(p.holdout),
+        "fit": None if p.fit is None else _stats_json(p.fit),
+        "holdout": None if p.holdout is None else _stats_json(p.holdout),
         "decode_only": _phase_json(p.decode_only),
         "mixed": _phase_json(p.mixed),
+        "interference": _interference_json(p),
         "noise": {"sigma_log": _sig(p.noise_sigma), "sigma_log_std": _sig(p.noise_sigma_std),
                   "median_log_ratio": _sig(p.noise_log_median)},
-        "kv_cache": {
-            "block_size_tokens": p.block_size, "num_gpu_blocks": p.num_gpu_blocks,
-            "num_usable_blocks": p.usable_gpu_blocks, "capacity_tokens": p.kv_capacity_tokens,
-            "method": ev.method, "num_steps_ctx_over_kv": ev.num_steps,
-            "ctx_over_kv_median_tokens": _sig(ev.ctx_over_kv_median_tokens),
-            "ctx_over_kv_p25_tokens": _sig(ev.ctx_over_kv_p25_tokens),
-            "ctx_over_kv_p75_tokens": _sig(ev.ctx_over_kv_p75_tokens),
-        },
+        "kv_cache": _kv_json(p),
         "engine": {"max_num_batched_tokens": p.max_num_batched_tokens, "max_num_seqs": p.max_num_seqs,
                    "max_model_len_tokens": p.max_model_len, "sched_overhead_ms": _sig(p.sched_overhead_s * 1e3),
                    "loop_overhead_ms": _sig(p.loop_overhead_s * 1e3),
@@ -236,31 +407,25 @@ def profile_from_json(d: dict[str, Any]) -> Profile:
     """Inverse of :func:`profile_to_json`. Raises ValueError on another schema version."""
     if d.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"profile schema_version {d.get('schema_version')!r}, expected {SCHEMA_VERSION}")
-    src, kv, eng, noise = d["source"], d["kv_cache"], d["engine"], d["noise"]
+    kv, eng, noise, inter = d["kv_cache"], d["engine"], d["noise"], d["interference"]
     return Profile(
         name=d["name"], description=d["description"], gpu=d["gpu"], model=d["model"], mode=d["mode"],
         engines_per_gpu=int(d["engines_per_gpu"]),
-        source=ProfileSource(
-            files=tuple(src["files"]), measured_date=src["measured_date"], vllm_version=src["vllm_version"],
-            calibration_workloads=tuple(src["calibration_workloads"]),
-            holdout_workloads=tuple(src["holdout_workloads"]),
-        ),
-        coefficients=_step_model_from(d["step_model"]), fit=_stats_from(d["fit"]),
-        holdout=_stats_from(d["holdout"]),
+        source=_source_from(d["source"]),
+        coefficients=_step_model_from(d["step_model"]),
+        fit=None if d["fit"] is None else _stats_from(d["fit"]),
+        holdout=None if d["holdout"] is None else _stats_from(d["holdout"]),
         noise_sigma=float(noise["sigma_log"]), noise_sigma_std=float(noise["sigma_log_std"]),
         noise_log_median=float(noise["median_log_ratio"]),
         block_size=int(kv["block_size_tokens"]), num_gpu_blocks=int(kv["num_gpu_blocks"]),
-        kv_evidence=KvCapacityEvidence(
-            method=kv["method"], num_steps=int(kv["num_steps_ctx_over_kv"]),
-            ctx_over_kv_median_tokens=float(kv["ctx_over_kv_median_tokens"]),
-            ctx_over_kv_p25_tokens=float(kv["ctx_over_kv_p25_tokens"]),
-            ctx_over_kv_p75_tokens=float(kv["ctx_over_kv_p75_tokens"]),
-        ),
+        kv_evidence=_kv_evidence_from(kv),
         max_num_batched_tokens=int(eng["max_num_batched_tokens"]), max_num_seqs=int(eng["max_num_seqs"]),
         max_model_len=int(eng["max_model_len_tokens"]), sched_overhead_s=float(eng["sched_overhead_ms"]) * 1e-3,
         loop_overhead_s=float(eng["loop_overhead_ms"]) * 1e-3,
         loop_overhead_per_request_s=float(eng["loop_overhead_us_per_request"]) * 1e-6,
         decode_only=_phase_from(d.get("decode_only")), mixed=_phase_from(d.get("mixed")),
+        interference_kappa=float(inter["kappa"]), interference=_interference_from(inter["fit"]),
+        derived_from=_derivation_from(d["derived_from"]),
     )
 
 
@@ -304,10 +469,20 @@ def load_profile(name: str = DEFAULT_PROFILE) -> Profile:
     return profile_from_json(json.loads(_data_dir().joinpath(f"{name}.json").read_text(encoding="utf-8")))
 
 
+class NoRecordsError(LookupError):
+    """The profile was derived, not measured: it has no step records."""
+
+
 @cache
 def load_records(name: str = DEFAULT_PROFILE) -> Records:
-    """The step records behind profile ``name`` (read-only structured array, :data:`RECORD_DTYPE`)."""
-    _check_name(name)
+    """The step records behind profile ``name`` (read-only structured array, :data:`RECORD_DTYPE`).
+
+    Raises :class:`NoRecordsError` for a derived profile.
+    """
+    profile = load_profile(name)
+    if profile.derived_from is not None:
+        raise NoRecordsError(f"profile {name!r} is derived from {profile.derived_from.base_profile!r}, "
+                             "not measured: it has no step records")
     raw = _data_dir().joinpath(f"{name}.records.csv.gz").read_bytes()
     records = parse_records(gzip.decompress(raw).decode("utf-8"))
     records.flags.writeable = False
@@ -323,14 +498,20 @@ class StatsReport(TypedDict):
 
 
 class FitReport(TypedDict):
-    """Coefficients of a profile and their error on its calibration and holdout steps."""
+    """Coefficients of a profile and their error on its calibration and holdout steps.
+
+    ``calibration`` and ``holdout`` are None for a derived profile, whose ``derived_from`` names the
+    measured profile it was computed from (None for measured ones).
+    """
 
     name: str
     a_ms: float
     b_us_per_token: float
     c_ns_per_context_token: float
-    calibration: StatsReport
-    holdout: StatsReport
+    interference_kappa: float
+    derived_from: str | None
+    calibration: StatsReport | None
+    holdout: StatsReport | None
 
 
 def select(records: Records, workloads: tuple[str, ...]) -> Records:
@@ -344,13 +525,19 @@ def stats_on(coefs: StepCoefficients, records: Records) -> FitStats:
 
 
 def fit_report(name: str = DEFAULT_PROFILE) -> FitReport:
-    """Coefficients of profile ``name`` and their error, recomputed from its shipped records."""
-    p, rec = load_profile(name), load_records(name)
+    """Coefficients of profile ``name`` and their error, recomputed from its shipped records (none: derived)."""
+    p = load_profile(name)
+    report = FitReport(
+        name=name, a_ms=p.coefficients.a_s * 1e3, b_us_per_token=p.coefficients.b_s * 1e6,
+        c_ns_per_context_token=p.coefficients.c_s * 1e9, interference_kappa=p.interference_kappa,
+        derived_from=None if p.derived_from is None else p.derived_from.base_profile,
+        calibration=None, holdout=None,
+    )
+    if p.source is None:
+        return report
+    rec = load_records(name)
     cal = stats_on(p.coefficients, select(rec, p.source.calibration_workloads))
     hold = stats_on(p.coefficients, select(rec, p.source.holdout_workloads))
-    return FitReport(
-        name=name, a_ms=p.coefficients.a_s * 1e3, b_us_per_token=p.coefficients.b_s * 1e6,
-        c_ns_per_context_token=p.coefficients.c_s * 1e9,
-        calibration=StatsReport(n=cal.n, r2=cal.r2, mape=cal.mape),
-        holdout=StatsReport(n=hold.n, r2=hold.r2, mape=hold.mape),
-    )
+    report["calibration"] = StatsReport(n=cal.n, r2=cal.r2, mape=cal.mape)
+    report["holdout"] = StatsReport(n=hold.n, r2=hold.r2, mape=hold.mape)
+    return report

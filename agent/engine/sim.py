@@ -29,7 +29,7 @@ from agent.engine.base import RequestOutcome, StepRecord, StepResult, SubmittedR
 from agent.engine.timing import StepTimer
 from policies.base import BatchPolicy
 from policies.cost.step_model import StepCoefficients
-from policies.types import RequestView, StepMode, StepPlan, UnitLoad, UnitView
+from policies.types import RequestView, StepFeedback, StepMode, StepPlan, UnitLoad, UnitView
 
 
 class PlanError(RuntimeError):
@@ -104,6 +104,7 @@ class SimUnit:
         max_model_len: int,
         cost_model: CostModel | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
+        mixed_interference: float = 0.0,
     ) -> None:
         if min(block_size, num_blocks, max_num_batched_tokens, max_num_seqs, max_model_len) <= 0:
             raise ValueError("unit sizes must be positive")
@@ -123,6 +124,8 @@ class SimUnit:
         self.max_model_len = max_model_len
         self.cost_model: CostModel = cost_model or FixedCostModel(timer.coefficients)
         self.on_step = on_step
+        self.mixed_interference = mixed_interference
+        """The calibration profile's mixed-step interference ``kappa``, shown to policies as a prior."""
         self.running: list[_Req] = []
         self.waiting: deque[_Req] = deque()
         self.requests: dict[str, _Req] = {}
@@ -161,6 +164,11 @@ class SimUnit:
     def busy(self) -> bool:
         return self._inflight is not None
 
+    @property
+    def cost(self) -> StepCoefficients:
+        """The policy-side step model's current coefficients."""
+        return self.cost_model.coefficients
+
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
@@ -177,6 +185,7 @@ class SimUnit:
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             cost=self.cost_model.coefficients,
+            mixed_interference=self.mixed_interference,
         )
 
     def load(self) -> UnitLoad:
@@ -192,6 +201,7 @@ class SimUnit:
             queued_prefill_tokens=self.queued_prefill_tokens,
             last_step_s=self.last_step_s,
             mean_step_s=self._step_time_sum / self.num_steps if self.num_steps else None,
+            prefill_admission_budget=self.policy.admission_budget_tokens(),
             max_num_seqs=self.max_num_seqs,
         )
 
@@ -220,7 +230,7 @@ class SimUnit:
             else:
                 pre_tok += n
                 pre_reqs += 1
-        duration = self.timer.duration_s(new, ctx, len(scheduled), contexts)
+        duration = self.timer.duration_s(new, ctx, len(scheduled), contexts, decode_tokens=dec_tok)
         predicted = self.cost_model.predict_s(new, ctx)
         self._inflight = scheduled
         self._inflight_meta = (now_s, duration, predicted, plan, new, ctx, pre_tok, dec_tok, pre_reqs, dec_reqs)
@@ -360,7 +370,14 @@ class SimUnit:
             )
         measured = now_s - start_s
         self.cost_model.update(new, ctx, measured)
-        self.policy.observe_step(new, ctx, measured)
+        mode = _mode(pre_tok, dec_tok)
+        self.policy.observe_step(
+            StepFeedback(
+                mode, pre_tok, dec_tok, ctx, len(scheduled), measured, predicted, len(finished),
+                tuple(o.output_tokens for o in finished), tuple(o.prompt_tokens for o in finished),
+                len(self.running) + len(self.waiting),
+            )
+        )
         self.last_step_s = measured
         self._step_time_sum += measured
         self.num_steps += 1
@@ -370,7 +387,7 @@ class SimUnit:
             start_s=start_s,
             duration_s=measured,
             predicted_s=predicted,
-            mode=_mode(pre_tok, dec_tok),
+            mode=mode,
             policy=self.policy.name,
             num_prefill_tokens=pre_tok,
             num_decode_tokens=dec_tok,

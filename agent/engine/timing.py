@@ -16,6 +16,17 @@ step times). Two optional effects, both off by default:
   slowdown is capped at the largest measured value (9.5%): we do not extrapolate beyond what was seen.
   CascadeInfer reports 1.1-2.1x on other hardware; on an H100 with FA3 the measurements do not support
   that, so neither does the simulator.
+
+One effect is on whenever the profile has it: **mixed-batch interference** (``interference_kappa``, 0 = off).
+A step that computes both prefill and decode tokens takes ``linear * (1 + kappa * rho * (1 - rho))`` with
+``rho = decode_tokens / new_tokens``: 1 for pure prefill or pure decode steps, largest at ``rho = 0.5``.
+Seed 002 (exclusive batching) fits the kernel time of a fixed-size batch as a quadratic in ``rho``, whose
+excess over the line between the pure-prefill and pure-decode costs is proportional to ``rho * (1 - rho)``;
+our linear model is that line (it is linear in ``rho`` at fixed ``new_tokens``), so the factor is the
+paper's shape, applied multiplicatively. ``kappa`` is fitted per profile by
+:func:`agent.engine.calibration.fit_interference_kappa` (see there for the data and for what it absorbs).
+:func:`marginal_cost_crossover` and :func:`kappa_for_crossover` translate between ``kappa`` and the paper's
+observable: the decode share above which a mixed step's per-token marginal cost exceeds pure decode's.
 """
 
 from __future__ import annotations
@@ -54,21 +65,34 @@ class StepTimer:
     seed: int = 0
     loop_overhead_s: float = 0.0
     loop_overhead_per_request_s: float = 0.0
+    interference_kappa: float = 0.0
+    """Mixed-batch interference (see the module docstring); 0 leaves every step linear."""
     _rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.noise_sigma < 0:
             raise ValueError("noise_sigma must be >= 0")
+        if self.interference_kappa < 0:
+            raise ValueError("interference_kappa must be >= 0")
         self._rng = random.Random(self.seed)
 
     def duration_s(
-        self, new_tokens: int, context_tokens: int, num_requests: int = 0, contexts: list[int] | None = None
+        self,
+        new_tokens: int,
+        context_tokens: int,
+        num_requests: int = 0,
+        contexts: list[int] | None = None,
+        *,
+        decode_tokens: int = 0,
     ) -> float:
         """Duration of a step computing ``new_tokens`` over ``context_tokens`` of context for ``num_requests``.
 
-        ``contexts`` (per scheduled request) is only needed for the heterogeneity term.
+        ``contexts`` (per scheduled request) is only needed for the heterogeneity term, ``decode_tokens`` (of
+        the ``new_tokens``) only for the interference term: with the default 0 every step counts as pure.
         """
         t = self.coefficients.predict_s(new_tokens, context_tokens)
+        if self.interference_kappa:
+            t *= interference_factor(self.interference_kappa, new_tokens, decode_tokens)
         if self.heterogeneity and contexts and len(contexts) > 1:
             t *= 1.0 + heterogeneity_slowdown(contexts)
         if self.noise_sigma > 0.0:
@@ -86,3 +110,58 @@ def heterogeneity_slowdown(contexts: list[int]) -> float:
     var = sum((x - mean) ** 2 for x in contexts) / n
     cv = math.sqrt(var) / mean
     return min(HETEROGENEITY_H * cv / n, HETEROGENEITY_CAP)
+
+
+def interference_factor(kappa: float, new_tokens: int, decode_tokens: int) -> float:
+    """``1 + kappa * rho * (1 - rho)`` with ``rho = decode_tokens / new_tokens``; exactly 1 for pure steps."""
+    if new_tokens <= 0 or decode_tokens <= 0 or decode_tokens >= new_tokens:
+        return 1.0
+    rho = decode_tokens / new_tokens
+    return 1.0 + kappa * rho * (1.0 - rho)
+
+
+def _crossover_terms(coefficients: StepCoefficients, decode_context_tokens: int) -> tuple[float, float]:
+    """``(b + c, c * (C - 1))`` of the marginal-cost model below (seconds per token)."""
+    if decode_context_tokens < 2:
+        raise ValueError("decode_context_tokens must be >= 2 (a decode step reads at least one earlier token)")
+    c = coefficients.c_s
+    return coefficients.b_s + c, c * (decode_context_tokens - 1)
+
+
+def marginal_cost_crossover(
+    coefficients: StepCoefficients, kappa: float, decode_context_tokens: int
+) -> float | None:
+    """Decode share above which a mixed step's per-token marginal cost exceeds a pure-decode step's.
+
+    Seed 002's observable: grow a step of ``N`` new tokens at fixed decode share ``rho``; its marginal cost
+    per token is ``dT/dN``. Decode requests sit at context ``C = decode_context_tokens`` (so each adds ``C``
+    context tokens); prefill tokens are fresh prompts' first chunks (each adds its own 1 token of context).
+    With ``L(rho) = b + c * (1 + rho * (C - 1))`` the linear model's marginal cost,
+
+        m(rho) = L(rho) * (1 + kappa * rho * (1 - rho)),  m(1) = b + c * C = L(1),
+        m(rho) - m(1) = (1 - rho) * (kappa * rho * L(rho) - c * (C - 1)),
+
+    so mixed steps cost more per token than pure decode exactly when ``kappa * rho * L(rho) > c * (C - 1)``;
+    ``rho * L(rho)`` increases with ``rho``, so there is one crossover, the root in ``rho`` of
+    ``kappa * c * (C - 1) * rho^2 + kappa * (b + c) * rho - c * (C - 1) = 0``. Returns it, or None when
+    mixed steps never cost more (``kappa = 0``, or the root is at or above 1).
+    """
+    if kappa <= 0.0:
+        return None
+    b1, slope = _crossover_terms(coefficients, decode_context_tokens)
+    if slope <= 0.0:
+        return None
+    rho = (-b1 + math.sqrt(b1 * b1 + 4.0 * slope * slope / kappa)) / (2.0 * slope)
+    return rho if rho < 1.0 else None
+
+
+def kappa_for_crossover(coefficients: StepCoefficients, crossover: float, decode_context_tokens: int) -> float:
+    """The ``kappa`` whose :func:`marginal_cost_crossover` is ``crossover`` (the inverse, closed form).
+
+    From ``kappa * rho * L(rho) = c * (C - 1)`` at ``rho = crossover``:
+    ``kappa = c * (C - 1) / (rho * (b + c + rho * c * (C - 1)))``.
+    """
+    if not 0.0 < crossover < 1.0:
+        raise ValueError("crossover must lie strictly between 0 and 1")
+    b1, slope = _crossover_terms(coefficients, decode_context_tokens)
+    return slope / (crossover * (b1 + crossover * slope))

@@ -1,0 +1,350 @@
+"""``fairbatching`` and ``fairbatching+pab`` (seed 003; POLICIES.md 1.4).
+
+Envelope and slack. Request i's j-th output token (0-based) is due at ``ddl_ij = t_i + ttft_i + tpot_i * j``
+(one line covers TTFT, j = 0, and TPOT). Its next deadline is ``ddl_i = ddl_{i, o_i}``: a request that has
+sampled ``o_i`` tokens owes token ``o_i`` next (a new or recomputing request owes its first, or its next,
+token the same way). Slack ``s_i = ddl_i - now``. Unlike TBT, an early token never hurts: slack a request
+banked while prefills were idle can be spent during a prefill burst (seed 003, section 3.1).
+
+Time budget (Algorithm 1, lines 18-20, 34). ``init = max(min_i s_i, min_i tpot_i)``: the step may last until
+the most urgent deadline, but never less than one TPOT (a decode burst would otherwise shrink steps to
+nothing). The tokens of a step may use ``B_t = init - a`` seconds (a = the step's fixed cost); the token
+budget is only the engine's hard cap (``max_num_batched_tokens``, the CUDA-graph limit).
+
+Groups (lines 21-33). (1) urgent decodes, ``s_i < init + min tpot`` (skipping them this step would likely
+miss their deadline next step); (2) prefills (running chunks, recomputes and waiting requests); (3) the
+other decodes. Each group sorted by slack ascending; walked in that order.
+
+Cost and chunking (lines 36-47). With the unit's step model ``T = a + b * new + c * ctx`` (ctx counts the
+request's context after the step, the calibration records' definition) request i with ``k_i`` computed
+tokens costs ``b * n + c * (k_i + n) = (b + c) * n + c * k_i`` for ``n`` new tokens. It is taken whole when
+that fits both budgets; otherwise, if its context cost ``c * k_i`` fits, a chunk of
+``n = min(token_budget, floor((B_t - c * k_i) / (b + c)))`` tokens (the paper writes
+``(B_t - c * context_i) / b`` with ``context_i`` the old context; ours adds the chunk's own attention
+term, as the calibrated model does). What is taken is subtracted from both budgets. The paper's line 45
+adds ``c * context_i`` back by a sign slip; we subtract it. Non-urgent decodes that do not fit are held
+back: that is how slack is reclaimed for prefill bursts.
+
+Decisions where the paper is silent (tested):
+
+* Urgent decodes are always taken, even past the time budget (the paper: "FairBatching conservatively
+  ensures that urgent decode tasks are always included"; under extreme load it degrades to Sarathi).
+* Preemption order (``running_order``): the walk order, so the victim when KV runs out is the running
+  request with the most slack in the last group.
+* Waiting requests: only the first ``waiting_scan`` in queue order are considered in a step (FCFS queue
+  order is slack order when SLOs are uniform; it bounds the per-step cost under overload), only while
+  fewer than ``max_num_seqs`` requests would run, and only while the KV cache can hold each one's whole
+  sequence (the engine's admission gate; the first that cannot stops admissions, as in vLLM).
+
+Prefill admission budget (seed 003, section 4 and appendix A), computed every step over the running
+decodes and all prefills ``D u P`` with global targets TTFT and TPOT:
+
+    N_steps = (TTFT - min_i s_i) / TPOT + 1                      (steps the most urgent request needs)
+    PAB = [TTFT - N_steps * a - sum_{s_i < TTFT} ((TTFT - s_i) / TPOT) * (b + c * L_i)] / (b + c)
+          - sum_{i in P} remaining_prompt_i
+
+Within a new request's TTFT window each existing request i must sample ``(TTFT - s_i) / TPOT`` tokens,
+each costing ``b + c * L_i``; the window also pays ``a`` per step; what is left, at ``b + c`` per prefill
+token, is the prefill capacity, minus prefill already queued. ``N_steps`` is at least 1 (the new request's
+own step). On an empty unit ``PAB = (TTFT - a) / (b + c)``. Between steps the exported budget is
+decremented by every prompt the unit accepted (the paper's coordinator does the same in its local view),
+and reset to the empty-unit value when the unit runs dry. ``fairbatching+pab`` refuses a request whose
+prompt exceeds the budget; the node counts it as rejected.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from policies.base import BatchPolicy
+from policies.cost.step_model import StepCoefficients
+from policies.params import ParamSpec
+from policies.types import ReasonValue, RequestView, ScheduledTokens, StepFeedback, StepMode, StepPlan, UnitView
+
+
+class FairBatching(BatchPolicy):
+    """Slack-envelope batching with an adaptive time budget and a prefill admission budget."""
+
+    name: ClassVar[str] = "fairbatching"
+    summary: ClassVar[str] = "FairBatching: slack envelopes, adaptive time budget, urgent decodes first (seed 003)"
+    params_schema: ClassVar[tuple[ParamSpec, ...]] = (
+        ParamSpec(
+            "token_budget", "int", 0, "hard cap of tokens per step; 0 = the unit's max_num_batched_tokens",
+            unit="tokens", min=0,
+        ),
+        ParamSpec(
+            "pab_ttft_ms", "float", 0.0,
+            "TTFT target of the admission budget; 0 = the smallest TTFT SLO among active requests",
+            unit="ms", min=0.0,
+        ),
+        ParamSpec(
+            "pab_tpot_ms", "float", 0.0,
+            "TPOT target of the admission budget; 0 = the smallest TPOT SLO among active requests",
+            unit="ms", min=0.0,
+        ),
+        ParamSpec(
+            "anchor", "str", "arrival",
+            "where token deadlines start: arrival (the paper's envelope, t + TTFT + TPOT*j) or first_token "
+            "(also never later than first token + TPOT*j, which the usual per-request TPOT metric needs)",
+            choices=("arrival", "first_token"),
+        ),
+        ParamSpec(
+            "waiting_scan", "int", 512, "waiting requests considered per step, in queue order",
+            unit="requests", min=1,
+        ),
+    )
+    refuses_over_budget: ClassVar[bool] = False
+
+    def configure(self) -> None:
+        self.token_cap = int(self.params["token_budget"])
+        self.pab_ttft_s = float(self.params["pab_ttft_ms"]) / 1e3
+        self.pab_tpot_s = float(self.params["pab_tpot_ms"]) / 1e3
+        self.waiting_scan = int(self.params["waiting_scan"])
+        self.first_token_anchor = self.params["anchor"] == "first_token"
+        if not hasattr(self, "_pab"):
+            self._pab: float | None = None
+            self._accepted = 0
+            self._empty_pab: float | None = None
+            self._last_ttft_s = self.pab_ttft_s or 0.5
+            self._last_tpot_s = self.pab_tpot_s or 0.05
+            self._last_cost: StepCoefficients | None = None
+
+    # -- admission budget ------------------------------------------------------------------------------
+    def admission_budget_tokens(self) -> float | None:
+        if self._pab is None:
+            return None if self._empty_pab is None else self._empty_pab - self._accepted
+        return self._pab - self._accepted
+
+    def refuses(self, prompt_tokens: int, cost: StepCoefficients) -> bool:
+        if self._pab is None:
+            # No step since the unit was last empty: the empty-unit budget (TTFT - a) / (b + c).
+            self._empty_pab = self._empty_budget(cost)
+        budget = self.admission_budget_tokens()
+        if self.refuses_over_budget and budget is not None and prompt_tokens > budget:
+            return True
+        self._accepted += prompt_tokens
+        return False
+
+    def _empty_budget(self, cost: StepCoefficients) -> float:
+        return (self._last_ttft_s - cost.a_s) / max(cost.b_s + cost.c_s, 1e-12)
+
+    def observe_step(self, feedback: StepFeedback) -> None:
+        if feedback.num_unfinished == 0:
+            self._pab = None
+            self._accepted = 0
+            self._empty_pab = self._empty_budget(self._last_cost) if self._last_cost is not None else None
+
+    # -- the step --------------------------------------------------------------------------------------
+    def plan(self, unit: UnitView, now_s: float) -> StepPlan:
+        # The per-step hot path (hundreds of requests): plain loops over locals, no per-request helpers.
+        cost = unit.cost
+        self._last_cost = cost
+        a, b, c = cost.a_s, cost.b_s, cost.c_s
+        bc = max(b + c, 1e-12)
+        cap = unit.max_num_batched_tokens
+        if self.token_cap:
+            cap = min(cap, self.token_cap)
+        max_len = unit.max_model_len
+        running = unit.running
+        num_running = len(running)
+        reqs = list(running)
+        reqs.extend(unit.waiting[: self.waiting_scan])
+        n_all = len(reqs)
+
+        # Pass 1: slack, decode state, minima. Decodes (running only) and prefills by index.
+        slacks = [0.0] * n_all
+        decode_idx: list[int] = []
+        prefill_idx: list[int] = []
+        min_slack = min_tpot = min_ttft = math.inf
+        anchor_first = self.first_token_anchor
+        for i in range(n_all):
+            r = reqs[i]
+            out = r.output_tokens
+            tpot = r.tpot_slo_s
+            s = r.arrival_s + r.ttft_slo_s + tpot * out - now_s
+            if anchor_first and r.first_token_s is not None:
+                s2 = r.first_token_s + tpot * out - now_s
+                if s2 < s:
+                    s = s2
+            slacks[i] = s
+            if s < min_slack:
+                min_slack = s
+            if tpot < min_tpot:
+                min_tpot = tpot
+            if r.ttft_slo_s < min_ttft:
+                min_ttft = r.ttft_slo_s
+            if i < num_running and out > 0 and r.prompt_tokens + out - r.computed_tokens == 1:
+                decode_idx.append(i)
+            else:
+                prefill_idx.append(i)
+        init = max(min_slack, min_tpot)
+        threshold = init + min_tpot
+        urgent = [i for i in decode_idx if slacks[i] < threshold]
+        relaxed = [i for i in decode_idx if slacks[i] >= threshold] if len(urgent) < len(decode_idx) else []
+        key = slacks.__getitem__
+        urgent.sort(key=key)
+        prefill_idx.sort(key=key)
+
+        new = tuple.__new__
+        time_budget = init - a
+        token_budget = cap
+        running_entries: list[ScheduledTokens] = []
+        waiting_entries: list[ScheduledTokens] = []
+        running_order: list[str] = []
+        urgent_over_budget = urgent_taken = 0
+        # (1) Urgent decodes: always taken (the token cap permitting), even past the time budget.
+        for i in urgent:
+            r = reqs[i]
+            rid = r.request_id
+            running_order.append(rid)
+            if token_budget <= 0:
+                continue
+            t = bc + c * r.computed_tokens
+            if t > time_budget:
+                urgent_over_budget += 1
+            running_entries.append(new(ScheduledTokens, (rid, 1)))
+            time_budget -= t
+            token_budget -= 1
+            urgent_taken += 1
+        # (2) Prefills, whole or chunked to the time left.
+        prefill_chunks = prefill_tokens = largest_chunk = admitted = 0
+        chunk_limit = "none"
+        seq_room = unit.max_num_seqs - num_running
+        bs = unit.block_size
+        # KV left for admissions: free blocks minus what the urgent decodes' new tokens take.
+        free_blocks = unit.free_blocks - sum(1 for i in urgent if reqs[i].computed_tokens % bs == 0)
+        admit_blocked = False
+        for i in prefill_idx:
+            r = reqs[i]
+            waiting = i >= num_running
+            if not waiting:
+                running_order.append(r.request_id)
+            if token_budget <= 0 or time_budget <= 0 or (waiting and (admitted >= seq_room or admit_blocked)):
+                continue
+            k = r.computed_tokens
+            if waiting:
+                # The engine admits a request only if its whole sequence fits the KV cache, and stops admitting
+                # at the first that does not (vLLM's waiting loop). Planning it anyway would leave its time
+                # budget unused and, with the decodes held back for it, could leave the step empty.
+                whole = -(-(r.prompt_tokens + r.output_tokens) // bs)
+                if whole > free_blocks:
+                    admit_blocked = True
+                    continue
+                free_blocks -= whole
+            full = min(r.prompt_tokens + r.output_tokens - k, max_len - 1 - k)
+            if full <= 0:
+                continue
+            if full <= token_budget and bc * full + c * k <= time_budget:
+                n = full
+            elif c * k <= time_budget:
+                by_time = int((time_budget - c * k) // bc)
+                n = min(token_budget, by_time, full)
+                chunk_limit = "tokens" if token_budget <= by_time else "time"
+            else:
+                n = 0
+            if n <= 0:
+                continue
+            (waiting_entries if waiting else running_entries).append(new(ScheduledTokens, (r.request_id, n)))
+            time_budget -= bc * n + c * k
+            token_budget -= n
+            prefill_chunks += 1
+            prefill_tokens += n
+            if n > largest_chunk:
+                largest_chunk = n
+            if waiting:
+                admitted += 1
+        # (3) The other decodes while time is left; those that do not fit are held back. When they all fit
+        # (the common case) their order does not matter and the sort is skipped.
+        held = relaxed_taken = 0
+        held_min_slack = math.inf
+        if relaxed:
+            total = 0.0
+            for i in relaxed:
+                total += bc + c * reqs[i].computed_tokens
+            if total > time_budget or len(relaxed) > token_budget:
+                relaxed.sort(key=key)
+            for i in relaxed:
+                r = reqs[i]
+                rid = r.request_id
+                running_order.append(rid)
+                t = bc + c * r.computed_tokens
+                if token_budget >= 1 and t <= time_budget:
+                    running_entries.append(new(ScheduledTokens, (rid, 1)))
+                    time_budget -= t
+                    token_budget -= 1
+                    relaxed_taken += 1
+                else:
+                    held += 1
+                    if slacks[i] < held_min_slack:
+                        held_min_slack = slacks[i]
+
+        running_entries.extend(waiting_entries)
+        decodes = urgent_taken + relaxed_taken
+        pab = self._update_pab(reqs, slacks, decode_idx, min_slack, min_ttft, min_tpot, a, b, c)
+        reasons: dict[str, ReasonValue] = {
+            "time_budget_ms": round((init - a) * 1e3, 3),
+            "min_slack_ms": round(min_slack * 1e3, 3),
+            "urgent_decodes": len(urgent),
+            "urgent_over_budget": urgent_over_budget,
+            "prefill_chunks": prefill_chunks,
+            "prefill_tokens": prefill_tokens,
+            "largest_chunk_tokens": largest_chunk,
+            "chunk_limited_by": chunk_limit,
+            "admitted": admitted,
+            "admission_blocked_by_kv": admit_blocked,
+            "urgent_decodes_taken": urgent_taken,
+            "decodes_taken": decodes,
+            "decodes_held_back": held,
+            "predicted_step_ms": round((init - time_budget) * 1e3, 3),
+            "pab_tokens": round(pab, 1),
+        }
+        if held:
+            reasons["held_back_min_slack_ms"] = round(held_min_slack * 1e3, 3)
+        return StepPlan(
+            entries=tuple(running_entries), running_order=tuple(running_order),
+            mode=_mode(decodes, prefill_chunks), token_budget=cap, reasons=reasons,
+        )
+
+    def _update_pab(
+        self, reqs: list[RequestView], slacks: list[float], decode_idx: list[int], min_slack: float,
+        min_ttft: float, min_tpot: float, a: float, b: float, c: float,
+    ) -> float:
+        ttft = self.pab_ttft_s or (min_ttft if min_ttft != math.inf else self._last_ttft_s)
+        tpot = self.pab_tpot_s or (min_tpot if min_tpot != math.inf else self._last_tpot_s)
+        self._last_ttft_s, self._last_tpot_s = ttft, tpot
+        bc = max(b + c, 1e-12)
+        n_steps = max((ttft - min_slack) / tpot + 1.0, 1.0) if reqs else 1.0
+        work = 0.0  # sum over s_i < TTFT of (TTFT - s_i) * (b + c * L_i)
+        queued = 0
+        for i in range(len(reqs)):
+            s = slacks[i]
+            r = reqs[i]
+            num_tokens = r.prompt_tokens + r.output_tokens
+            if s < ttft:
+                work += (ttft - s) * (b + c * num_tokens)
+            queued += num_tokens - r.computed_tokens
+        queued -= len(decode_idx)  # a decode's one pending token is not prefill
+        pab = (ttft - n_steps * a - work / tpot) / bc - queued
+        self._pab = pab
+        self._accepted = 0
+        self._empty_pab = None
+        return pab
+
+
+class FairBatchingPab(FairBatching):
+    """FairBatching that refuses requests whose prompt exceeds the prefill admission budget."""
+
+    name: ClassVar[str] = "fairbatching+pab"
+    summary: ClassVar[str] = "FairBatching with admission control: refuse prompts above the admission budget"
+    refuses_over_budget: ClassVar[bool] = True
+
+
+def _mode(decodes: int, prefill_chunks: int) -> StepMode:
+    if decodes and prefill_chunks:
+        return StepMode.MIXED
+    if decodes:
+        return StepMode.DECODE
+    if prefill_chunks:
+        return StepMode.PREFILL
+    return StepMode.IDLE
