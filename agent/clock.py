@@ -16,12 +16,19 @@ class Clock(Protocol):
         """Return when node time ``t_s`` (seconds since the run started) may be processed."""
         ...
 
+    def seconds_until(self, t_s: float) -> float:
+        """Real seconds :meth:`wait_until` would wait for ``t_s`` if called now (0 when it would not wait)."""
+        ...
+
 
 class VirtualClock:
     """No waiting: events are processed as fast as the machine allows. Deterministic for a seed."""
 
     def wait_until(self, t_s: float) -> None:
         return None
+
+    def seconds_until(self, t_s: float) -> float:
+        return 0.0
 
 
 class WallClock:
@@ -48,3 +55,8 @@ class WallClock:
         delay = self._origin + t_s / self.speed - now
         if delay > 0:
             self._sleep(delay)
+
+    def seconds_until(self, t_s: float) -> float:
+        if self._origin is None:
+            return 0.0  # the first wait starts the clock: it never waits
+        return max(0.0, self._origin + t_s / self.speed - self._monotonic())

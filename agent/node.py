@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from agent.clock import Clock, VirtualClock
 from agent.engine.base import Engine, RequestOutcome, StepRecord, SubmittedRequest
+from agent.gc_control import GcController
 from agent.workload.types import RequestSpec
 from policies.base import DispatchPolicy
 from policies.types import PendingRequest
@@ -120,13 +121,21 @@ class Node:
                 self._on_arrival(spec)
         self.now_s = max(self.now_s, until_s)
 
-    def run(self, clock: Clock | None = None, *, until_s: float | None = None) -> None:
-        """Run until no event is left (or ``until_s``), waiting on ``clock`` (virtual by default)."""
+    def run(
+        self, clock: Clock | None = None, *, until_s: float | None = None, gc_control: GcController | None = None
+    ) -> None:
+        """Run until no event is left (or ``until_s``), waiting on ``clock`` (virtual by default).
+
+        With ``gc_control`` (entered by the caller), the loop tells it before each wait how many real seconds
+        the wait will last, so that it can collect garbage then rather than in the middle of a step.
+        """
         clock = clock or VirtualClock()
         while True:
             t = self.next_event_s()
             if t is None or (until_s is not None and t > until_s):
                 break
+            if gc_control is not None:
+                gc_control.before_wait(clock.seconds_until(t))
             clock.wait_until(t)
             self.advance(t)
 
