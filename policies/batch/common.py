@@ -24,6 +24,13 @@ def step_mode(entries: Iterable[ScheduledTokens], by_id: Mapping[str, RequestVie
     return StepMode.IDLE
 
 
+def mode_of(has_decode: bool, has_prefill: bool) -> StepMode:
+    """The step mode from what a plan schedules."""
+    if has_decode:
+        return StepMode.MIXED if has_prefill else StepMode.DECODE
+    return StepMode.PREFILL if has_prefill else StepMode.IDLE
+
+
 def chunk(request: RequestView, budget: int, max_model_len: int, threshold: int = 0) -> int:
     """Tokens vLLM would schedule for ``request`` with ``budget`` tokens left.
 

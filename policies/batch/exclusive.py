@@ -39,7 +39,7 @@ from policies.batch.eb_model import (
     phase_end_iteration,
 )
 from policies.params import ParamSpec
-from policies.types import ReasonValue, ScheduledTokens, StepFeedback, StepMode, StepPlan, UnitView
+from policies.types import ReasonValue, RequestView, ScheduledTokens, StepFeedback, StepMode, StepPlan, UnitView
 
 EB_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec(
@@ -167,8 +167,11 @@ class ExclusiveBatching(BatchPolicy):
             self._refresh(unit)
         n_slots = self._slots(unit)
         theta = self.theta
-        decodes = [r for r in unit.running if r.is_decode]
-        prefilling = [r for r in unit.running if not r.is_decode]
+        decodes: list[RequestView] = []
+        prefilling: list[RequestView] = []
+        for r in unit.running:  # is_decode inlined: this loop runs every step over every running request
+            out = r.output_tokens
+            (decodes if out > 0 and r.prompt_tokens + out - r.computed_tokens == 1 else prefilling).append(r)
         free_slots = n_slots - len(unit.running)
         threshold = max(1, math.ceil(theta * n_slots))
         head_fits = bool(unit.waiting) and unit.blocks_for(unit.waiting[0].num_tokens) <= unit.free_blocks
@@ -197,8 +200,8 @@ class ExclusiveBatching(BatchPolicy):
         entries: list[ScheduledTokens] = []
         admitted = 0
         if self.phase is StepMode.DECODE:
-            for r in decodes[:budget_total]:
-                entries.append(ScheduledTokens(r.request_id, 1))
+            new = tuple.__new__
+            entries = [new(ScheduledTokens, (r.request_id, 1)) for r in decodes[:budget_total]]
         else:
             budget = budget_total
             for r in prefilling:

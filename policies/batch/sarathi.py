@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import BatchPolicy
-from policies.batch.common import chunk, step_mode
+from policies.batch.common import chunk, mode_of
 from policies.cost.step_model import StepCoefficients
 from policies.params import ParamSpec
 from policies.types import RequestView, ScheduledTokens, StepPlan, UnitView
@@ -84,10 +84,12 @@ class Sarathi(BatchPolicy):
         entries: list[ScheduledTokens] = []
         decodes = 0
         prefilling: list[RequestView] = []
-        for req in unit.running:
-            if req.is_decode:
+        new = tuple.__new__
+        for req in unit.running:  # the hot loop: is_decode inlined
+            out = req.output_tokens
+            if out > 0 and req.prompt_tokens + out - req.computed_tokens == 1:
                 if decodes < cap:
-                    entries.append(ScheduledTokens(req.request_id, 1))
+                    entries.append(new(ScheduledTokens, (req.request_id, 1)))
                     decodes += 1
             else:
                 prefilling.append(req)
@@ -113,12 +115,10 @@ class Sarathi(BatchPolicy):
             budget -= n
             num_running += 1
             admitted += 1
-        by_id = {r.request_id: r for r in unit.running}
-        by_id.update((r.request_id, r) for r in unit.waiting[:admitted])
         return StepPlan(
             entries=tuple(entries),
             running_order=tuple(r.request_id for r in unit.running),
-            mode=step_mode(entries, by_id),
+            mode=mode_of(decodes > 0, chunks + admitted > 0),
             token_budget=tau,
             reasons={
                 "budget_tokens": tau,

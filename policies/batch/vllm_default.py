@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import BatchPolicy
-from policies.batch.common import chunk, step_mode
+from policies.batch.common import chunk, mode_of
 from policies.params import ParamSpec
 from policies.types import ScheduledTokens, StepPlan, UnitView
 
@@ -39,36 +39,50 @@ class VllmDefault(BatchPolicy):
         self.threshold = int(self.params["long_prefill_token_threshold"])
 
     def plan(self, unit: UnitView, now_s: float) -> StepPlan:
+        # Per-step hot path: ``chunk()`` and ``step_mode()`` inlined (same arithmetic, see common.py).
         budget_total = unit.max_num_batched_tokens
         if self.budget_cap:
             budget_total = min(budget_total, self.budget_cap)
         budget = budget_total
+        threshold = self.threshold
+        limit = unit.max_model_len - 1
+        new = tuple.__new__
         entries: list[ScheduledTokens] = []
+        has_decode = has_prefill = False
         for req in unit.running:
             if budget <= 0:
                 break
-            n = chunk(req, budget, unit.max_model_len, self.threshold)
-            if n:
-                entries.append(ScheduledTokens(req.request_id, n))
+            k = req.computed_tokens
+            out = req.output_tokens
+            n = req.prompt_tokens + out - k
+            is_decode = n == 1 and out > 0
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget, limit - k)
+            if n > 0:
+                entries.append(new(ScheduledTokens, (req.request_id, n)))
                 budget -= n
+                if is_decode:
+                    has_decode = True
+                else:
+                    has_prefill = True
         num_running = len(unit.running)
         admitted = 0
         for req in unit.waiting:
             if budget <= 0 or num_running >= unit.max_num_seqs:
                 break
-            n = chunk(req, budget, unit.max_model_len, self.threshold)
+            n = chunk(req, budget, unit.max_model_len, threshold)
             if n <= 0:
                 break
             entries.append(ScheduledTokens(req.request_id, n))
+            has_prefill = True
             budget -= n
             num_running += 1
             admitted += 1
-        by_id = {r.request_id: r for r in unit.running}
-        by_id.update((r.request_id, r) for r in unit.waiting[:admitted])
         return StepPlan(
             entries=tuple(entries),
             running_order=tuple(r.request_id for r in unit.running),
-            mode=step_mode(entries, by_id),
+            mode=mode_of(has_decode, has_prefill),
             token_budget=budget_total,
             reasons={
                 "budget_tokens": budget_total,
