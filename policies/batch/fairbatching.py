@@ -60,7 +60,7 @@ from typing import ClassVar
 from policies.base import BatchPolicy
 from policies.cost.step_model import StepCoefficients
 from policies.params import ParamSpec
-from policies.types import ReasonValue, RequestView, ScheduledTokens, StepFeedback, StepMode, StepPlan, UnitView
+from policies.types import ReasonValue, ScheduledTokens, StepFeedback, StepMode, StepPlan, UnitView
 
 
 class FairBatching(BatchPolicy):
@@ -158,6 +158,11 @@ class FairBatching(BatchPolicy):
         prefill_idx: list[int] = []
         min_slack = min_tpot = min_ttft = math.inf
         anchor_first = self.first_token_anchor
+        # PAB sums, accumulated in the same pass for a guessed TTFT target (redone if the guess was wrong).
+        pab_ttft = self.pab_ttft_s or (reqs[0].ttft_slo_s if reqs else self._last_ttft_s)
+        work = 0.0  # sum over s_i < TTFT of (TTFT - s_i) * (b + c * L_i)
+        pending = 0
+        decode_ctx = 0  # computed tokens over all running decodes
         for i in range(n_all):
             r = reqs[i]
             out = r.output_tokens
@@ -168,14 +173,19 @@ class FairBatching(BatchPolicy):
                 if s2 < s:
                     s = s2
             slacks[i] = s
+            num_tokens = r.prompt_tokens + out
+            pending += num_tokens - r.computed_tokens
+            if s < pab_ttft:
+                work += (pab_ttft - s) * (b + c * num_tokens)
             if s < min_slack:
                 min_slack = s
             if tpot < min_tpot:
                 min_tpot = tpot
             if r.ttft_slo_s < min_ttft:
                 min_ttft = r.ttft_slo_s
-            if i < num_running and out > 0 and r.prompt_tokens + out - r.computed_tokens == 1:
+            if i < num_running and out > 0 and num_tokens - r.computed_tokens == 1:
                 decode_idx.append(i)
+                decode_ctx += r.computed_tokens
             else:
                 prefill_idx.append(i)
         init = max(min_slack, min_tpot)
@@ -192,7 +202,7 @@ class FairBatching(BatchPolicy):
         running_entries: list[ScheduledTokens] = []
         waiting_entries: list[ScheduledTokens] = []
         running_order: list[str] = []
-        urgent_over_budget = urgent_taken = 0
+        urgent_over_budget = urgent_taken = urgent_ctx = 0
         # (1) Urgent decodes: always taken (the token cap permitting), even past the time budget.
         for i in urgent:
             r = reqs[i]
@@ -200,7 +210,9 @@ class FairBatching(BatchPolicy):
             running_order.append(rid)
             if token_budget <= 0:
                 continue
-            t = bc + c * r.computed_tokens
+            k = r.computed_tokens
+            urgent_ctx += k
+            t = bc + c * k
             if t > time_budget:
                 urgent_over_budget += 1
             running_entries.append(new(ScheduledTokens, (rid, 1)))
@@ -258,12 +270,24 @@ class FairBatching(BatchPolicy):
         # (the common case) their order does not matter and the sort is skipped.
         held = relaxed_taken = 0
         held_min_slack = math.inf
+        fits = False
         if relaxed:
-            total = 0.0
-            for i in relaxed:
-                total += bc + c * reqs[i].computed_tokens
-            if total > time_budget or len(relaxed) > token_budget:
-                relaxed.sort(key=key)
+            # Their context is what the urgent ones do not hold (urgent decodes past the token cap excepted:
+            # then the exact sum is taken).
+            relaxed_ctx = decode_ctx - urgent_ctx
+            if urgent_taken < len(urgent):
+                relaxed_ctx = sum(reqs[i].computed_tokens for i in relaxed)
+            total = bc * len(relaxed) + c * relaxed_ctx
+            fits = total <= time_budget and len(relaxed) <= token_budget
+        if relaxed and fits:
+            ids = [reqs[i].request_id for i in relaxed]
+            running_order.extend(ids)
+            running_entries.extend([new(ScheduledTokens, (rid, 1)) for rid in ids])
+            time_budget -= total
+            token_budget -= len(ids)
+            relaxed_taken = len(ids)
+        elif relaxed:
+            relaxed.sort(key=key)
             for i in relaxed:
                 r = reqs[i]
                 rid = r.request_id
@@ -281,7 +305,13 @@ class FairBatching(BatchPolicy):
 
         running_entries.extend(waiting_entries)
         decodes = urgent_taken + relaxed_taken
-        pab = self._update_pab(reqs, slacks, decode_idx, min_slack, min_ttft, min_tpot, a, b, c)
+        ttft = self.pab_ttft_s or (min_ttft if min_ttft != math.inf else self._last_ttft_s)
+        if ttft != pab_ttft:
+            work = sum(
+                (ttft - slacks[i]) * (b + c * (r.prompt_tokens + r.output_tokens))
+                for i, r in enumerate(reqs) if slacks[i] < ttft
+            )
+        pab = self._update_pab(ttft, work, pending - len(decode_idx), min_slack, min_tpot, a, b, c, bool(reqs))
         reasons: dict[str, ReasonValue] = {
             "time_budget_ms": round((init - a) * 1e3, 3),
             "min_slack_ms": round(min_slack * 1e3, 3),
@@ -307,24 +337,16 @@ class FairBatching(BatchPolicy):
         )
 
     def _update_pab(
-        self, reqs: list[RequestView], slacks: list[float], decode_idx: list[int], min_slack: float,
-        min_ttft: float, min_tpot: float, a: float, b: float, c: float,
+        self, ttft: float, work: float, queued: int, min_slack: float, min_tpot: float, a: float, b: float,
+        c: float, busy: bool,
     ) -> float:
-        ttft = self.pab_ttft_s or (min_ttft if min_ttft != math.inf else self._last_ttft_s)
+        """Store and return ``PAB = [TTFT - N_steps*a - work/TPOT] / (b + c) - queued`` (module docstring);
+        ``work`` = sum over requests with ``s_i < TTFT`` of ``(TTFT - s_i) * (b + c*L_i)``, ``queued`` = the
+        prefill tokens still to compute."""
         tpot = self.pab_tpot_s or (min_tpot if min_tpot != math.inf else self._last_tpot_s)
         self._last_ttft_s, self._last_tpot_s = ttft, tpot
         bc = max(b + c, 1e-12)
-        n_steps = max((ttft - min_slack) / tpot + 1.0, 1.0) if reqs else 1.0
-        work = 0.0  # sum over s_i < TTFT of (TTFT - s_i) * (b + c * L_i)
-        queued = 0
-        for i in range(len(reqs)):
-            s = slacks[i]
-            r = reqs[i]
-            num_tokens = r.prompt_tokens + r.output_tokens
-            if s < ttft:
-                work += (ttft - s) * (b + c * num_tokens)
-            queued += num_tokens - r.computed_tokens
-        queued -= len(decode_idx)  # a decode's one pending token is not prefill
+        n_steps = max((ttft - min_slack) / tpot + 1.0, 1.0) if busy else 1.0
         pab = (ttft - n_steps * a - work / tpot) / bc - queued
         self._pab = pab
         self._accepted = 0

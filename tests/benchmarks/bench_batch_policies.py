@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import time
@@ -60,8 +61,8 @@ VARIANTS = (
 WORKLOADS = {
     "azure-code": ("Azure LLM inference 2023, code (8,819 requests, 1 h)", (1.0, 0.7, 0.5, 0.4, 0.3, 0.22, 0.15)),
     "bursty": (
-        "bursty: sharegpt-like lengths, gamma arrivals cv 4, 4,000 requests at 60 req/s",
-        (4.0, 2.0, 1.4, 1.1, 0.9, 0.75),
+        "bursty: sharegpt-like lengths, gamma arrivals cv 4, 6,000 requests at 100 req/s",
+        (1.0, 0.7, 0.5, 0.4, 0.3, 0.25),
     ),
 }
 """Name -> (description, time scales from light to heavy load)."""
@@ -71,7 +72,7 @@ def load(name: str) -> list[RequestSpec]:
     if name == "azure-code":
         return load_trace(TRACE)
     if name == "bursty":
-        return parse_workload("bursty:rate=60,n=4000", seed=0)
+        return parse_workload("bursty:rate=100,n=6000", seed=0)
     return parse_workload(name, seed=0)
 
 
@@ -140,6 +141,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "batch-policies.md")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="two load points per workload (a smoke run)")
+    parser.add_argument("--save-json", type=Path, help="also write every run's numbers here")
+    parser.add_argument("--from-json", type=Path, help="re-render the report from a --save-json file, no runs")
     args = parser.parse_args()
     started = time.perf_counter()
     jobs: list[tuple[str, Variant, float, str, int]] = []
@@ -148,17 +151,27 @@ def main() -> None:
         for scale in use:
             for v in VARIANTS:
                 jobs.append((workload, v, scale, "h100-llama31-8b", 4))
+    sat_variants = (
+        *(Variant(p, p) for p in ("vllm", "eb", "eb+")),
+        Variant("eb theta=0.05", "eb", (("theta", "0.05"),)),
+    )
     sat_jobs = [
-        ("all-at-once:n=3000", Variant(p, p), 1.0, prof, 1)
+        ("all-at-once:n=3000", v, 1.0, prof, 1)
         for prof in ("h100-llama31-8b", "rtxpro6000-llama31-8b-derived")
-        for p in ("vllm", "eb", "eb+")
+        for v in sat_variants
     ]
-    with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
-        runs = []
-        for i, r in enumerate(pool.map(one_run, jobs + sat_jobs)):
-            runs.append(r)
-            print(f"[{i + 1}/{len(jobs) + len(sat_jobs)}] {r['workload']} {r['variant']} x{r['scale']:g} "
-                  f"{r['profile']}: goodput {r['summary']['goodput_rps']:.2f}/s ({r['wall_s']:.1f} s)", flush=True)
+    runs: list[dict[str, Any]] = []
+    if args.from_json:
+        runs = json.loads(args.from_json.read_text())
+    else:
+        with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+            for i, r in enumerate(pool.map(one_run, jobs + sat_jobs)):
+                runs.append(r)
+                print(f"[{i + 1}/{len(jobs) + len(sat_jobs)}] {r['workload']} {r['variant']} x{r['scale']:g} "
+                      f"{r['profile']}: goodput {r['summary']['goodput_rps']:.2f}/s ({r['wall_s']:.1f} s)",
+                      flush=True)
+    if args.save_json:
+        args.save_json.write_text(json.dumps(runs, indent=1) + "\n")
     if args.quick:
         for w in WORKLOADS:
             WORKLOADS[w] = (WORKLOADS[w][0], WORKLOADS[w][1][2:4])
@@ -189,12 +202,14 @@ def main() -> None:
             out.append(ratio_line(t, "cap90", name, ("vllm", "sarathi"), 1.15))
         for name in ("fairbatching+pab", "fairbatching+pab (first-token anchor)"):
             out.append(ratio_line(t, "peak", name, ("vllm", "sarathi"), 1.5))
+            out.append(ratio_line(t, "cap90", name, ("vllm", "sarathi"), 1.5))
         out.append("")
     out += [
         "## Saturation throughput (all-at-once, 3,000 sharegpt-like requests, one unit)",
         "",
-        "| profile | vllm (mixed) out tok/s | eb out tok/s | eb+ out tok/s | eb / vllm | eb+ / best |",
-        "|---|---|---|---|---|---|",
+        "| profile | vllm (mixed) out tok/s | eb out tok/s | eb+ out tok/s | eb / vllm | eb+ / best | eb, theta fixed "
+        "at 0.05 | its ratio to vllm |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for prof in ("h100-llama31-8b", "rtxpro6000-llama31-8b-derived"):
         tput = {r["variant"]: r["summary"]["output_tokens_per_s"] for r in runs if r["profile"] == prof
@@ -202,7 +217,8 @@ def main() -> None:
         best = max(tput["vllm"], tput["eb"])
         out.append(
             f"| {prof} | {tput['vllm']:,.0f} | {tput['eb']:,.0f} | {tput['eb+']:,.0f} | "
-            f"{tput['eb'] / tput['vllm']:.3f} | {tput['eb+'] / best:.3f} |"
+            f"{tput['eb'] / tput['vllm']:.3f} | {tput['eb+'] / best:.3f} | {tput['eb theta=0.05']:,.0f} | "
+            f"{tput['eb theta=0.05'] / tput['vllm']:.3f} |"
         )
     out += [
         "",
