@@ -52,8 +52,15 @@ def _cell(summary: dict[str, Any], key: str) -> str:
     return f"{value:.3f}"
 
 
+WIDE_AFTER = 4
+"""More runs than this are printed one row per run (columns would not fit a terminal)."""
+
+
 def render_runs(console: Console, results: Sequence[RunResult]) -> None:
-    """One column per run, one row per metric (narrow enough for an 80-column terminal)."""
+    """Up to ``WIDE_AFTER`` runs: one column per run, one row per metric; more: one row per run."""
+    if len(results) > WIDE_AFTER:
+        render_run_rows(console, results)
+        return
     many_scales = len({r.config.time_scale for r in results}) > 1
     table = Table(title="Summary", title_justify="left", **_COMPACT)
     table.add_column("metric")
@@ -63,6 +70,40 @@ def render_runs(console: Console, results: Sequence[RunResult]) -> None:
         table.add_row(title, *(_cell(r.summary, key) for r in results))
     table.caption = "a request meets its SLO when TTFT and TPOT are both within target"
     console.print(table)
+
+
+def render_run_rows(console: Console, results: Sequence[RunResult]) -> None:
+    """One row per run: the numbers a comparison or a sweep is read for."""
+    many_dispatch = len({r.config.dispatch for r in results}) > 1
+    table = Table(title="Summary", title_justify="left", **_COMPACT)
+    cols = ["batch", *(["dispatch"] if many_dispatch else []), "scale", "load/s", "goodput/s", "SLO",
+            "TTFT p50/p99 ms", "TPOT p50/p99 ms", "rej"]
+    width = max(len(r.config.batch_policy) for r in results)
+    for col in cols:
+        if col == "batch":
+            table.add_column(col, no_wrap=True, min_width=width)
+        else:
+            table.add_column(col, justify="left" if col == "dispatch" else "right")
+    for r in results:
+        s = r.summary
+        ttft, tpot = s["ttft_ms"], s["tpot_ms"]
+        row = [r.config.batch_policy, *([r.config.dispatch] if many_dispatch else []), f"{r.config.time_scale:g}",
+               f"{r.offered_rps:,.1f}", f"{s['goodput_rps']:,.2f}", f"{100 * s['slo_attainment']:.1f}%",
+               f"{_ms0(ttft['p50'])}/{_ms0(ttft['p99'])}", f"{_ms(tpot['p50'])}/{_ms(tpot['p99'])}",
+               f"{s['rejected']:,}"]
+        table.add_row(*row)
+    table.caption = "load: offered req/s; SLO: requests meeting TTFT and TPOT targets; rej: rejected or refused"
+    console.print(table)
+
+
+def _capacity_cell(cap: float | None, never_below: bool) -> str:
+    if cap is None:
+        return "below the sweep"
+    return f">= {cap:.2f} req/s" if never_below else f"{cap:.2f} req/s"
+
+
+def _ms0(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def _count(n: int) -> str:
@@ -96,14 +137,18 @@ def render_peaks(console: Console, results: Sequence[RunResult], target: float =
         groups.setdefault((r.config.batch_policy, r.config.dispatch), []).append(r)
     table = Table(title="Peak goodput over the sweep", title_justify="left", **_COMPACT)
     cols = ("batch", "dispatch", "peak goodput/s", "at time scale", "SLO there", f"load at {100 * target:g}% SLO")
+    width = max(len(bp) for bp, _ in groups)
     for col in cols:
-        table.add_column(col, justify="left" if col in ("batch", "dispatch") else "right")
+        if col == "batch":
+            table.add_column(col, no_wrap=True, min_width=width)
+        else:
+            table.add_column(col, justify="left" if col == "dispatch" else "right")
     for (bp, dp), runs in groups.items():
         best = max(runs, key=lambda r: r.summary["goodput_rps"])
         cap = slo_capacity([(r.offered_rps, r.summary["slo_attainment"]) for r in runs], target)
         table.add_row(bp, dp, f"{best.summary['goodput_rps']:.2f}", f"{best.config.time_scale:g}",
                       f"{100 * best.summary['slo_attainment']:.1f}%",
-                      "below the sweep" if cap is None else f"{cap:.2f} req/s")
+                      _capacity_cell(cap, all(r.summary["slo_attainment"] >= target for r in runs)))
     table.caption = "goodput: requests meeting both SLOs per second; load: offered req/s, interpolated"
     console.print(table)
 

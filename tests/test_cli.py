@@ -132,3 +132,27 @@ def test_help_explains_the_bench_flags() -> None:
     assert proc.returncode == 0
     for flag in ("--trace", "--workload", "--compare", "--sweep", "--param", "--slo-ttft-ms", "--json"):
         assert flag in proc.stdout
+
+
+def test_the_issue_comparison_prints_one_row_per_run_and_the_sustained_load(tmp_path: Path) -> None:
+    out = tmp_path / "runs.json"
+    proc = run_cli(
+        "bench", "--trace", str(SMALL_AZURE), "--units", "2", "--compare",
+        "vllm,sarathi,fairbatching,fairbatching+pab,eb,eb+", "--sweep", "time-scale=1,0.05", "--json", str(out),
+        "--no-progress",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    # Twelve runs: one row each, policy names in full.
+    for policy in ("vllm", "sarathi", "fairbatching", "fairbatching+pab", "eb", "eb+"):
+        rows = [ln for ln in lines if ln.split() and ln.split()[0] == policy]
+        assert len(rows) == 3, (policy, rows)  # two sweep rows plus its line in the peak table
+    peak = proc.stdout[proc.stdout.index("Peak goodput over the sweep"):]
+    peak_rows = [ln for ln in peak.splitlines() if ln.split() and ln.split()[0] in ("vllm", "eb+")]
+    assert len(peak_rows) == 2
+    assert all(ln.rstrip().endswith(("req/s", "below the sweep")) for ln in peak_rows)
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 12
+    for r in runs:
+        assert r["offered_rps"] > 0 and r["refused"] <= r["summary"]["rejected"]
+    assert {r["time_scale"] for r in runs} == {1.0, 0.05}
