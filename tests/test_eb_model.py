@@ -10,18 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies.batch.eb_costs import PhaseCostEstimator
+from policies.batch.eb_memory import cycle_peak_demand, kv_reserve_blocks, memory_safe_batch_size
 from policies.batch.eb_model import (
     LengthWindow,
-    PhaseCostEstimator,
     PhaseCosts,
     cfr_ratio,
     closed_form_theta,
     crossover,
-    cycle_peak_demand,
     eb_throughput,
-    kv_reserve_blocks,
     linear_hazard_survival,
-    memory_safe_batch_size,
     mixing_advantage_per_token,
     optimal_theta,
     phase_end_iteration,

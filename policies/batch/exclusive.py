@@ -30,11 +30,10 @@ from typing import ClassVar
 
 from policies.base import BatchPolicy
 from policies.batch.common import chunk
+from policies.batch.eb_costs import PhaseCostEstimator
+from policies.batch.eb_memory import kv_reserve_blocks, memory_safe_batch_size
 from policies.batch.eb_model import (
     LengthWindow,
-    PhaseCostEstimator,
-    kv_reserve_blocks,
-    memory_safe_batch_size,
     optimal_theta,
     phase_end_iteration,
 )

@@ -18,13 +18,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from policies.batch.eb_costs import PhaseCostEstimator
+from policies.batch.eb_memory import cycle_peak_demand, memory_safe_batch_size
 from policies.batch.eb_model import (
     LengthWindow,
-    PhaseCostEstimator,
     closed_form_theta,
-    cycle_peak_demand,
     eb_throughput,
-    memory_safe_batch_size,
     optimal_theta,
 )
 from policies.cost.step_model import StepCoefficients
