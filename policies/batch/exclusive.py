@@ -13,7 +13,8 @@ What the policy does with them:
   own steps (:class:`PhaseCostEstimator`), recomputed every ``update_every`` completions once
   ``min_samples`` are in; until then ``theta_init``.
 * ``N = min(max_batch or max_num_seqs, N_safe)``, ``N_safe`` = :func:`memory_safe_batch_size` over the same
-  window with the unit's KV capacity and ``delta`` (off with ``memory_safe=false``).
+  window with the unit's KV capacity and ``delta`` (off with ``memory_safe=false``), recomputed every
+  ``memory_update_every`` completions: it is a Monte Carlo of tens of milliseconds, run inside ``plan()``.
 * Decode -> prefill when work waits and ``free slots >= theta * N`` and the free KV blocks cover the
   reserve (:func:`kv_reserve_blocks`; the runtime gate defers the switch otherwise), or when no decode is
   left. Prefill -> decode when nothing is left to prefill or no slot (or KV for a whole prompt) is free.
@@ -60,7 +61,10 @@ EB_PARAMS: tuple[ParamSpec, ...] = (
               live=False),
     ParamSpec("min_samples", "int", 64, "finished requests needed before theta* and N_safe adapt",
               unit="requests", min=8),
-    ParamSpec("update_every", "int", 200, "finished requests between two updates of theta* and N_safe",
+    ParamSpec("memory_update_every", "int", 1000,
+              "finished requests between two recomputations of N_safe (a Monte Carlo of tens of ms)",
+              unit="requests", min=1),
+    ParamSpec("update_every", "int", 200, "finished requests between two updates of theta* and the reserve",
               unit="requests", min=1),
     ParamSpec("token_budget", "int", 0, "tokens per prefill step; 0 = the unit's max_num_batched_tokens",
               unit="tokens", min=0),
@@ -87,6 +91,7 @@ class ExclusiveBatching(BatchPolicy):
         self.reserve_base = int(p["reserve_base_blocks"])
         self.min_samples = int(p["min_samples"])
         self.update_every = int(p["update_every"])
+        self.memory_update_every = int(p["memory_update_every"])
         self.token_cap = int(p["token_budget"])
         if not hasattr(self, "window"):
             self.window = LengthWindow(int(p["window"]))
@@ -99,6 +104,7 @@ class ExclusiveBatching(BatchPolicy):
             self.ready = False
             """True once theta*, N_safe, t* and the reserve come from the window (``min_samples`` reached)."""
             self._since_update = 0
+            self._since_memory = 0
             self._dirty = False
             self.switches = 0
         self._dirty = True
@@ -109,6 +115,7 @@ class ExclusiveBatching(BatchPolicy):
         if self.estimator is not None:
             self.estimator.observe(feedback)
         self._since_update += added
+        self._since_memory += added
         if self._since_update >= self.update_every or (not self.ready and len(self.window) >= self.min_samples):
             self._dirty = True
 
@@ -134,7 +141,8 @@ class ExclusiveBatching(BatchPolicy):
                 survival, self.estimator.costs(), n_cap, self.window.mean_prompt, self.theta_lo, self.theta_hi
             )
             self.theta_star = theta
-        if self.memory_safe:
+        if self.memory_safe and (self.n_safe is None or self._since_memory >= self.memory_update_every):
+            self._since_memory = 0
             self.n_safe = memory_safe_batch_size(
                 self.window.prompts(), self.window.outputs(), unit.num_blocks * unit.block_size, theta, self.delta,
                 max_n=n_cap, seed=unit.unit_id, block_size=unit.block_size,
