@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.clock import Clock, VirtualClock
 from agent.engine.base import Engine, RequestOutcome, StepRecord, SubmittedRequest
@@ -84,6 +84,9 @@ class Node:
         self.num_rejected = 0
         self.num_refused = 0
         """Rejected by a unit's admission control (a subset of ``num_rejected``)."""
+        self.unit_modes: list[str] = ["active"] * len(self.units)
+        """Per unit: ``active``; ``draining`` (finishes its requests, gets no new ones); ``paused`` (no new
+        requests and no new steps; its requests wait on it). Change with :meth:`set_unit_mode`."""
 
     # -- time ---------------------------------------------------------------------------------------
     def next_event_s(self) -> float | None:
@@ -149,6 +152,8 @@ class Node:
         heapq.heappush(self._heap, (t, kind, self._seq, unit_index))
 
     def _schedule_start(self, index: int) -> None:
+        if self.unit_modes[index] == "paused":
+            return
         if not self._start_pending[index] and not self.units[index].busy:
             self._start_pending[index] = True
             self._push(self.now_s, _START, index)
@@ -171,7 +176,11 @@ class Node:
             )
             for s in (self.states[rid] for rid in self.pending)
         ]
-        decision = self.dispatcher.dispatch(views, [u.load() for u in self.units], now)
+        loads = [
+            u.load() if self.unit_modes[i] == "active" else replace(u.load(), healthy=False)
+            for i, u in enumerate(self.units)
+        ]
+        decision = self.dispatcher.dispatch(views, loads, now)
         placed: set[str] = set()
         by_id = {u.unit_id: i for i, u in enumerate(self.units)}
         for rid, unit_id in decision.assignments:
@@ -237,6 +246,31 @@ class Node:
             self._schedule_start(index)
         if self.pending and self.dispatcher.wants_step_reports:
             self._dispatch()
+
+    # -- control (between steps: the caller runs in the loop that drives ``advance``) ---------------------
+    def set_unit_mode(self, unit_id: int, mode: str) -> str:
+        """Pause, drain or resume (``active``) a unit; returns the previous mode.
+
+        Nothing is dropped: a paused unit keeps its requests and its in-flight step finishes; a draining one
+        keeps stepping until empty. Requests held at the dispatcher because no unit took them are offered
+        again when a unit becomes active.
+        """
+        if mode not in ("active", "draining", "paused"):
+            raise ValueError(f"unknown unit mode {mode!r} (active, draining, paused)")
+        index = self.unit_index(unit_id)
+        old = self.unit_modes[index]
+        self.unit_modes[index] = mode
+        if mode != "paused" and self.units[index].has_work():
+            self._schedule_start(index)
+        if mode == "active" and self.pending:
+            self._dispatch()
+        return old
+
+    def unit_index(self, unit_id: int) -> int:
+        for i, u in enumerate(self.units):
+            if u.unit_id == unit_id:
+                return i
+        raise KeyError(f"no unit {unit_id} (units: {', '.join(str(u.unit_id) for u in self.units)})")
 
     # -- accounting ---------------------------------------------------------------------------------
     def unfinished(self) -> list[str]:
