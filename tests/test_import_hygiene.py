@@ -11,10 +11,14 @@ import pytest
 FORBIDDEN_FOR_POLICIES = ("agent", "console", "store", "vllm", "torch", "textual", "duckdb", "websockets", "rich")
 
 
-def loaded_after(module: str) -> set[str]:
+def loaded_modules_after(module: str) -> set[str]:
     code = f"import sys, json, {module}; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    return {name.split(".")[0] for name in json.loads(out)}
+    return set(json.loads(out))
+
+
+def loaded_after(module: str) -> set[str]:
+    return {name.split(".")[0] for name in loaded_modules_after(module)}
 
 
 @pytest.mark.parametrize(
@@ -25,7 +29,18 @@ def test_policies_stay_pure(module: str) -> None:
     assert not loaded & set(FORBIDDEN_FOR_POLICIES), loaded & set(FORBIDDEN_FOR_POLICIES)
 
 
-@pytest.mark.parametrize("module", ["agent.node", "agent.bench", "agent.cli", "agent.engine.sim"])
+@pytest.mark.parametrize(
+    "module", ["agent.node", "agent.bench", "agent.cli", "agent.engine.sim", "agent.protocol", "agent.wire"]
+)
 def test_agent_runtime_needs_no_vllm_or_ui(module: str) -> None:
     loaded = loaded_after(module)
     assert not loaded & {"vllm", "torch", "textual", "console", "duckdb"}
+
+
+def test_protocol_is_light_enough_for_console_and_store() -> None:
+    """The console and the store import the protocol: it must not bring the engine, the node or a server."""
+    loaded = loaded_modules_after("agent.protocol")
+    assert "msgspec" in loaded
+    heavy = {m for m in loaded if m.split(".")[0] in {"vllm", "torch", "textual", "duckdb", "websockets"}}
+    engine = {m for m in loaded if m.startswith(("agent.engine", "agent.node", "agent.wire", "agent.server"))}
+    assert not heavy | engine, heavy | engine

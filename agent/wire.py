@@ -1,0 +1,441 @@
+"""The Sans-I/O core of the agent's telemetry server: sequence numbers, replay, per-subscriber queues, control
+parsing, and the conversion of in-process records into protocol events.
+
+Nothing here does I/O, awaits, or reads a clock on its own: the websocket server (``agent.server``) feeds
+events in and takes frames out, and wall-clock time comes from an injected ``get_time_ns`` or a
+:class:`NodeOrigin`. Everything is single-threaded: the server calls it from its event loop.
+
+Flow: the node's records are converted (:func:`step_event`, ...), stamped by the :class:`Sequencer`,
+appended to the :class:`ReplayBuffer` and offered to every :class:`Subscription`; each subscriber's sender
+pops from its own bounded queue, so a slow reader loses events (counted, announced) instead of stalling the
+engines.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from itertools import islice
+from typing import TypeVar
+
+import msgspec
+
+from agent.engine.base import RequestOutcome, StepRecord
+from agent.protocol import (
+    CODECS,
+    EVENT_KINDS,
+    PROTOCOL_VERSION,
+    Alert,
+    AlertCode,
+    ControlAudit,
+    ControlRequest,
+    ErrorCode,
+    ErrorReply,
+    Event,
+    EventBase,
+    Format,
+    ParamSchema,
+    PolicySchema,
+    ProtocolError,
+    RequestFinished,
+    RequestMigrated,
+    StepEvent,
+    Subscribe,
+    UnitLoadEvent,
+)
+from policies.base import BatchPolicy, DispatchPolicy
+from policies.params import ParamSpec
+from policies.types import ReasonValue, UnitLoad
+
+E = TypeVar("E", bound=EventBase)
+
+
+# -- sequence and replay -------------------------------------------------------------------------------------
+class Sequencer:
+    """Numbers the node's events 1, 2, 3, ... in the order they enter the stream."""
+
+    def __init__(self, first_seq: int = 1) -> None:
+        self._next = first_seq
+
+    @property
+    def last_seq(self) -> int:
+        """The last number given (``first_seq - 1`` before any)."""
+        return self._next - 1
+
+    def stamp(self, event: E) -> E:
+        """A copy of ``event`` carrying the next sequence number."""
+        seq = self._next
+        self._next += 1
+        return msgspec.structs.replace(event, seq=seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What a resume gets: the buffered events after its position, and what is lost before them."""
+
+    events: tuple[Event, ...]
+    gap: tuple[int, int] | None = None
+    """``(first, last)`` sequence numbers that were asked for but are no longer buffered."""
+
+
+class ResumeError(ProtocolError):
+    """A resume position ahead of the stream (sequence numbers restart with every run of the agent)."""
+
+
+class ReplayBuffer:
+    """The last ``capacity`` events of the stream, for clients that reconnect (a ring: the oldest go first).
+
+    Events must arrive with consecutive sequence numbers, so a position maps to an index without a search.
+    """
+
+    def __init__(self, capacity: int, *, first_seq: int = 1) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._events: deque[Event] = deque(maxlen=capacity)
+        self._last_seq = first_seq - 1
+
+    @property
+    def last_seq(self) -> int:
+        """The newest buffered sequence number (``first_seq - 1`` before any event)."""
+        return self._last_seq
+
+    @property
+    def oldest_seq(self) -> int:
+        """The oldest buffered sequence number (``last_seq + 1`` when empty)."""
+        return self._last_seq - len(self._events) + 1
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def append(self, event: Event) -> None:
+        if event.seq != self._last_seq + 1:
+            raise ValueError(f"expected seq {self._last_seq + 1}, got {event.seq}")
+        self._events.append(event)
+        self._last_seq = event.seq
+
+    def since(self, after_seq: int) -> Replay:
+        """The buffered events after ``after_seq``, and the gap when some of them are gone.
+
+        Raises :class:`ResumeError` when ``after_seq`` is past the newest event or negative.
+        """
+        if after_seq < 0 or after_seq > self._last_seq:
+            raise ResumeError(
+                ErrorCode.BAD_RESUME_SEQ,
+                f"cannot resume after seq {after_seq}: the stream is at {self._last_seq} "
+                "(sequence numbers restart when the agent restarts)",
+            )
+        oldest = self.oldest_seq
+        if after_seq + 1 >= oldest:
+            return Replay(tuple(islice(self._events, after_seq + 1 - oldest, None)))
+        return Replay(tuple(self._events), (after_seq + 1, oldest - 1))
+
+
+# -- subscriptions -------------------------------------------------------------------------------------------
+def event_unit_ids(event: Event) -> tuple[int, ...]:
+    """The units an event concerns; empty for node-level events (which pass every unit filter)."""
+    if isinstance(event, RequestMigrated):
+        return (event.from_unit_id, event.unit_id)
+    if isinstance(event, ControlAudit):
+        return event.unit_ids
+    unit_id: int | None = getattr(event, "unit_id", None)
+    return () if unit_id is None else (unit_id,)
+
+
+class Subscription:
+    """One subscriber's filter and bounded queue.
+
+    Drop policy: when the queue is full, the **oldest** queued event is dropped to make room, so a reader that
+    falls behind keeps seeing the present (a live view wants the newest steps; the recorder can fetch the
+    dropped range again by resuming, as long as the replay buffer still has it). Drops are counted; the
+    next :meth:`pop` returns one ``flow_control`` :class:`Alert` covering every event dropped since the last
+    announcement (``num_dropped``, ``first_seq..last_seq``) before any later event. Notices (that alert, a
+    resume's ``gap`` alert) take no queue space and carry ``seq`` 0. Offering never blocks and costs O(1).
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        unit_ids: Collection[int] | None = None,
+        kinds: Collection[str] | None = None,
+        max_queued: int = 4096,
+        get_time_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        if max_queued < 1:
+            raise ValueError("max_queued must be at least 1")
+        unknown = sorted(set(kinds or ()) - EVENT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown event kinds: {', '.join(unknown)}")
+        self.node_id = node_id
+        self.unit_ids = frozenset(unit_ids) if unit_ids is not None else None
+        self.kinds = frozenset(kinds) if kinds is not None else None
+        self.max_queued = max_queued
+        self._get_time_ns = get_time_ns
+        self._queue: deque[Event] = deque()
+        self._notices: deque[Alert] = deque()
+        self._drop_count = 0
+        self._drop_first = 0
+        self._drop_last = 0
+        self.num_dropped = 0
+        """Events dropped over the subscription's life."""
+        self.num_delivered = 0
+
+    @classmethod
+    def from_request(
+        cls, request: Subscribe, node_id: str, *, max_queued: int = 4096, get_time_ns: Callable[[], int] = time.time_ns
+    ) -> Subscription:
+        return cls(
+            node_id, unit_ids=request.unit_ids, kinds=request.kinds, max_queued=max_queued, get_time_ns=get_time_ns
+        )
+
+    def __len__(self) -> int:
+        """Frames waiting for the sender (queued events and notices)."""
+        return len(self._queue) + len(self._notices) + (1 if self._drop_count else 0)
+
+    def wants(self, event: Event) -> bool:
+        if self.kinds is not None and event.__struct_config__.tag not in self.kinds:
+            return False
+        if self.unit_ids is None:
+            return True
+        units = event_unit_ids(event)
+        return not units or not self.unit_ids.isdisjoint(units)
+
+    def offer(self, event: Event) -> bool:
+        """Queue ``event`` if the filter wants it (dropping the oldest when full); False when filtered out."""
+        if not self.wants(event):
+            return False
+        if len(self._queue) >= self.max_queued:
+            dropped = self._queue.popleft()
+            if not self._drop_count:
+                self._drop_first = dropped.seq
+            self._drop_count += 1
+            self._drop_last = dropped.seq
+            self.num_dropped += 1
+        self._queue.append(event)
+        return True
+
+    def resume(self, replay: Replay) -> None:
+        """Queue a resume's events, after a ``gap`` notice when some are lost."""
+        if replay.gap is not None:
+            first, last = replay.gap
+            self._notices.append(
+                self._alert(
+                    AlertCode.GAP, f"events {first}..{last} are no longer buffered", first_seq=first, last_seq=last
+                )
+            )
+        for event in replay.events:
+            self.offer(event)
+
+    def pop(self) -> Event | None:
+        """The next frame for this subscriber, or None when there is nothing to send."""
+        if self._notices:
+            return self._notices.popleft()
+        if self._drop_count:
+            count, first, last = self._drop_count, self._drop_first, self._drop_last
+            self._drop_count = 0
+            return self._alert(
+                AlertCode.FLOW_CONTROL,
+                f"subscriber too slow: dropped {count} events ({first}..{last})",
+                num_dropped=count,
+                first_seq=first,
+                last_seq=last,
+            )
+        if not self._queue:
+            return None
+        self.num_delivered += 1
+        return self._queue.popleft()
+
+    def _alert(
+        self, code: AlertCode, message: str, *, first_seq: int, last_seq: int, num_dropped: int = 0
+    ) -> Alert:
+        return Alert(
+            node_id=self.node_id,
+            time_ns=self._get_time_ns(),
+            code=code,
+            message=message,
+            num_dropped=num_dropped,
+            first_seq=first_seq,
+            last_seq=last_seq,
+        )
+
+
+# -- control -------------------------------------------------------------------------------------------------
+def parse_control(frame: bytes | str, *, fmt: Format = "json") -> ControlRequest | ErrorReply:
+    """A client's command, or the error to send back; never raises on bad input.
+
+    The frame size limit is the codec's (:data:`agent.protocol.MAX_FRAME_BYTES`). Beyond decoding, a
+    subscription must speak this protocol version and name only known event kinds.
+    """
+    codec = CODECS[fmt]
+    try:
+        request = codec.decode_request(frame)
+    except ProtocolError as exc:
+        return ErrorReply(control_id=codec.control_id_of(frame), code=exc.code, message=str(exc))
+    if isinstance(request, Subscribe):
+        if request.protocol_version != PROTOCOL_VERSION:
+            return ErrorReply(
+                control_id=request.control_id,
+                code=ErrorCode.UNSUPPORTED_VERSION,
+                message=f"this agent speaks protocol {PROTOCOL_VERSION}, not {request.protocol_version}",
+            )
+        unknown = sorted(set(request.kinds or ()) - EVENT_KINDS)
+        if unknown:
+            return ErrorReply(
+                control_id=request.control_id,
+                code=ErrorCode.UNKNOWN_EVENT_KIND,
+                message=f"unknown event kinds {', '.join(unknown)} (known: {', '.join(sorted(EVENT_KINDS))})",
+            )
+    return request
+
+
+def token_matches(given: str, expected: str) -> bool:
+    """Constant-time token comparison; always False when no token is configured (control is then off)."""
+    if not expected:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
+
+
+# -- in-process records -> events ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class NodeOrigin:
+    """Maps node time (seconds since the run's start) to wall-clock nanoseconds."""
+
+    node_id: str
+    origin_ns: int
+    """Wall-clock time of node time 0 (``time.time_ns()`` when the run started)."""
+
+    def ns(self, t_s: float) -> int:
+        return self.origin_ns + round(t_s * 1e9)
+
+
+def wire_reasons(reasons: Mapping[str, ReasonValue]) -> dict[str, ReasonValue]:
+    """A copy of a policy's reasons that both codecs carry unchanged.
+
+    Non-finite floats become "inf", "-inf" or "nan" (JSON has no such numbers; the policies already write
+    ``"inf"`` this way); numpy scalars, which no codec encodes, become the Python value they hold.
+    """
+    for value in reasons.values():
+        if type(value) is float:
+            if value - value != 0.0:  # inf or nan
+                break
+        elif type(value) not in _PLAIN_TYPES:
+            break
+    else:
+        return dict(reasons)
+    return {key: _wire_value(value) for key, value in reasons.items()}
+
+
+_PLAIN_TYPES: frozenset[type] = frozenset((int, str, bool))
+
+
+def _wire_value(value: object) -> ReasonValue:
+    item = getattr(value, "item", None)  # numpy scalars
+    if item is not None and not isinstance(value, str):
+        value = item()
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return float(value)
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    return str(value)
+
+
+def _ns(duration_s: float) -> int:
+    return round(duration_s * 1e9)
+
+
+def step_event(record: StepRecord, origin: NodeOrigin) -> StepEvent:
+    return StepEvent(
+        node_id=origin.node_id,
+        time_ns=origin.ns(record.start_s),
+        unit_id=record.unit_id,
+        step_id=record.step_index,
+        measured_ns=_ns(record.duration_s),
+        predicted_ns=_ns(record.predicted_s),
+        mode=record.mode,
+        policy=record.policy,
+        num_prefill_tokens=record.num_prefill_tokens,
+        num_decode_tokens=record.num_decode_tokens,
+        num_prefill_reqs=record.num_prefill_reqs,
+        num_decode_reqs=record.num_decode_reqs,
+        context_tokens=record.context_tokens,
+        budget_tokens=record.token_budget,
+        kv_used_blocks=record.kv_used_blocks,
+        num_blocks=record.num_blocks,
+        num_running=record.num_running,
+        num_waiting=record.num_waiting,
+        num_preempted=record.num_preempted,
+        num_finished=record.num_finished,
+        reasons=wire_reasons(record.reasons),
+    )
+
+
+def request_finished(outcome: RequestOutcome, origin: NodeOrigin) -> RequestFinished:
+    tpot = outcome.tpot_s
+    return RequestFinished(
+        node_id=origin.node_id,
+        time_ns=origin.ns(outcome.finish_s),
+        request_id=outcome.request_id,
+        unit_id=outcome.unit_id,
+        arrival_ns=origin.ns(outcome.arrival_s),
+        first_token_ns=origin.ns(outcome.first_token_s),
+        prompt_tokens=outcome.prompt_tokens,
+        output_tokens=outcome.output_tokens,
+        num_preemptions=outcome.num_preemptions,
+        ttft_ms=outcome.ttft_s * 1e3,
+        tpot_ms=None if tpot is None else tpot * 1e3,
+        ttft_slo_ms=outcome.ttft_slo_s * 1e3,
+        tpot_slo_ms=outcome.tpot_slo_s * 1e3,
+        met_slo=outcome.met_slo,
+    )
+
+
+def unit_load_event(load: UnitLoad, origin: NodeOrigin, now_s: float, dispatch_id: int) -> UnitLoadEvent:
+    """``load`` as the dispatcher saw it at its decision number ``dispatch_id``, made at node time ``now_s``."""
+    return UnitLoadEvent(
+        node_id=origin.node_id,
+        time_ns=origin.ns(now_s),
+        unit_id=load.unit_id,
+        dispatch_id=dispatch_id,
+        healthy=load.healthy,
+        num_running=load.num_running,
+        num_waiting=load.num_waiting,
+        kv_used_blocks=load.kv_used_blocks,
+        num_blocks=load.num_blocks,
+        kv_tokens=load.kv_tokens,
+        queued_prefill_tokens=load.queued_prefill_tokens,
+        max_num_seqs=load.max_num_seqs,
+        pab_tokens=load.prefill_admission_budget,
+        last_step_ns=None if load.last_step_s is None else _ns(load.last_step_s),
+        mean_step_ns=None if load.mean_step_s is None else _ns(load.mean_step_s),
+    )
+
+
+def param_schema(spec: ParamSpec) -> ParamSchema:
+    return ParamSchema(
+        name=spec.name,
+        type=spec.type,
+        default=spec.default,
+        help=spec.help,
+        unit=spec.unit,
+        min=None if spec.min is None else float(spec.min),
+        max=None if spec.max is None else float(spec.max),
+        choices=spec.choices,
+        live=spec.live,
+    )
+
+
+def policy_schemas(classes: Iterable[type[BatchPolicy] | type[DispatchPolicy]]) -> tuple[PolicySchema, ...]:
+    """Wire schemas of policy classes (e.g. the registry's values), sorted by name."""
+    return tuple(
+        PolicySchema(name=cls.name, summary=cls.summary, params=tuple(param_schema(s) for s in cls.params_schema))
+        for cls in sorted(classes, key=lambda c: c.name)
+    )
