@@ -27,6 +27,7 @@ from agent.cli_render import (
     render_runs,
     render_units,
 )
+from agent.cli_serve import HANDLED_ERRORS, SERVE_COMMANDS, add_serve_commands
 from agent.engine.profiles import UnknownProfileError, fit_report, list_profiles, load_profile
 from agent.workload.spec import describe_presets, parse_workload
 from agent.workload.traces import load_trace
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--json", action="store_true", help="print the parameter schemas as JSON")
     prof = sub.add_parser("profiles", help="list calibration profiles and their fit error on their records")
     prof.add_argument("--json", action="store_true", help="print the fit report as JSON")
+    add_serve_commands(sub)
     return parser
 
 
@@ -273,7 +275,10 @@ def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-COMMANDS = {"bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles}
+COMMANDS = {"bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles, **SERVE_COMMANDS}
+USER_ERRORS: tuple[type[Exception], ...] = (
+    CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError, *HANDLED_ERRORS,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -282,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     try:
         return COMMANDS[args.command](args, console)
-    except (CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError) as exc:
+    except USER_ERRORS as exc:
         # KeyError subclasses would print their message quoted: take the argument as it is.
         message = str(exc.args[0]) if exc.args else str(exc)
         print(f"trackside {args.command}: error: {message}", file=sys.stderr)

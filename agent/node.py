@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from agent.clock import Clock, VirtualClock
 from agent.engine.base import Engine, RequestOutcome, StepRecord, SubmittedRequest
@@ -27,6 +28,10 @@ from policies.types import PendingRequest
 _STEP_END = 0
 _TICK = 1
 _START = 2
+
+RequestEventKind = Literal["arrived", "dispatched", "refused", "first_token"]
+"""What :attr:`Node.on_request` reports: a request arrived, was placed on a unit, was refused (by the dispatcher
+or a unit's admission control; ``RequestState.refused_by`` tells which), or produced its first token."""
 
 
 @dataclass(slots=True)
@@ -58,6 +63,7 @@ class Node:
         tpot_slo_s: float,
         on_step: Callable[[StepRecord], None] | None = None,
         on_finish: Callable[[RequestOutcome], None] | None = None,
+        on_request: Callable[[RequestEventKind, RequestState], None] | None = None,
     ) -> None:
         if not units:
             raise ValueError("a node needs at least one unit")
@@ -72,6 +78,8 @@ class Node:
         self.default_tpot_slo_s = tpot_slo_s
         self.on_step = on_step
         self.on_finish = on_finish
+        self.on_request = on_request
+        """Optional lifecycle hook (telemetry), called at ``now_s`` with the request's state."""
         self.states: dict[str, RequestState] = {}
         self.pending: dict[str, None] = {}
         """Requests at the dispatcher, in arrival order (a dict as an ordered set)."""
@@ -163,6 +171,8 @@ class Node:
         tpot = spec.tpot_slo_ms / 1e3 if spec.tpot_slo_ms is not None else self.default_tpot_slo_s
         self.states[spec.request_id] = RequestState(spec, ttft, tpot)
         self.pending[spec.request_id] = None
+        if self.on_request is not None:
+            self.on_request("arrived", self.states[spec.request_id])
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -199,6 +209,8 @@ class Node:
                 state.refused_by = unit_id
                 self.num_rejected += 1
                 self.num_refused += 1
+                if self.on_request is not None:
+                    self.on_request("refused", state)
                 continue
             state.unit_id = unit_id
             state.dispatched_s = now
@@ -209,6 +221,8 @@ class Node:
                 ),
                 now,
             )
+            if self.on_request is not None:
+                self.on_request("dispatched", state)
             self._schedule_start(index)
         for rid in decision.rejected:
             if rid in placed or rid not in self.pending:
@@ -216,6 +230,8 @@ class Node:
             placed.add(rid)
             self.states[rid].rejected = True
             self.num_rejected += 1
+            if self.on_request is not None:
+                self.on_request("refused", self.states[rid])
         for rid in placed:
             del self.pending[rid]
         for rid in self.pending:
@@ -237,6 +253,9 @@ class Node:
         result = unit.end_step(self.now_s)
         if self.on_step is not None:
             self.on_step(result.record)
+        if self.on_request is not None:
+            for rid in result.first_tokens:
+                self.on_request("first_token", self.states[rid])
         for outcome in result.finished:
             self.states[outcome.request_id].outcome = outcome
             self.num_finished += 1

@@ -30,7 +30,11 @@ def test_policies_stay_pure(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["agent.node", "agent.bench", "agent.cli", "agent.engine.sim", "agent.protocol", "agent.wire"]
+    "module",
+    [
+        "agent.node", "agent.bench", "agent.cli", "agent.engine.sim", "agent.protocol", "agent.wire", "agent.hub",
+        "agent.server", "agent.client", "agent.metrics", "agent.cli_serve",
+    ],
 )
 def test_agent_runtime_needs_no_vllm_or_ui(module: str) -> None:
     loaded = loaded_after(module)
@@ -44,3 +48,8 @@ def test_protocol_is_light_enough_for_console_and_store() -> None:
     heavy = {m for m in loaded if m.split(".")[0] in {"vllm", "torch", "textual", "duckdb", "websockets"}}
     engine = {m for m in loaded if m.startswith(("agent.engine", "agent.node", "agent.wire", "agent.server"))}
     assert not heavy | engine, heavy | engine
+
+
+def test_serve_commands_load_the_store_only_when_recording() -> None:
+    loaded = loaded_modules_after("agent.cli_serve")
+    assert "websockets" in loaded and not any(m == "store" or m.startswith("store.") for m in loaded)

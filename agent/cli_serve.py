@@ -1,0 +1,383 @@
+"""``trackside agent``, ``trackside ctl`` and ``trackside record``: the live agent, its control, its recorder.
+
+``agent`` runs simulated units live (wall clock, ``--speed`` times real time) behind the websocket server;
+``ctl`` sends one control request and prints the reply (exit 2 with one line on an error reply, 1 when the
+agent cannot be reached); ``record`` subscribes to agents and writes their events through
+``store.writer.StoreWriter``, resuming each agent where the store stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+from websockets.exceptions import WebSocketException
+
+from agent.bench import BenchConfig, build_units, split_params
+from agent.client import AgentError, open_session, stream
+from agent.engine.profiles import load_profile
+from agent.hub import Hub
+from agent.node import Node
+from agent.protocol import (
+    ControlAudit,
+    ControlRequest,
+    DrainUnit,
+    DryRun,
+    ErrorReply,
+    Event,
+    ListPolicies,
+    NodeHello,
+    OkReply,
+    PauseUnit,
+    PolicyList,
+    Reply,
+    ResumeUnit,
+    SetBatchPolicy,
+    SetDispatchPolicy,
+    SetParams,
+    Status,
+    StatusInfo,
+)
+from agent.server import AgentServer, server_ssl_context
+from agent.workload.spec import parse_workload
+from agent.workload.traces import load_trace
+from agent.workload.types import RequestSpec
+from policies.params import parse_assignments
+from policies.registry import make_dispatch_policy
+
+EXIT_ERROR_REPLY = 2
+EXIT_UNREACHABLE = 1
+log = logging.getLogger("trackside")
+
+
+class ServeError(Exception):
+    """A problem with what the user asked for (printed as one line, exit 2)."""
+
+
+def add_serve_commands(sub: Any) -> None:
+    """Add ``agent``, ``ctl`` and ``record`` to the ``trackside`` subparsers."""
+    agent = sub.add_parser("agent", help="run simulated units live behind the websocket server",
+                           description="Run a node live (wall clock) and serve its telemetry, control and "
+                           "/metrics on a websocket. Stops on SIGINT/SIGTERM or when the workload ends.")
+    src = agent.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", metavar="SPEC", help="synthetic workload NAME[:key=value,...]")
+    src.add_argument("--trace", type=Path, help="trace file (Azure CSV or trackside JSONL)")
+    agent.add_argument("--units", type=int, default=4)
+    agent.add_argument("--batch-policy", default="vllm")
+    agent.add_argument("--dispatch", default="least_loaded")
+    agent.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    agent.add_argument("--profile", default="h100-llama31-8b")
+    agent.add_argument("--seed", type=int, default=0)
+    agent.add_argument("--slo-ttft-ms", type=float, default=500.0)
+    agent.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    agent.add_argument("--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="default 127.0.0.1:7700")
+    agent.add_argument("--token-file", type=Path, help="control token (without it, control is disabled)")
+    agent.add_argument("--speed", type=float, default=1.0, help="node seconds per real second (default 1)")
+    agent.add_argument("--node-id", default=socket.gethostname())
+    agent.add_argument("--replay-events", type=int, default=65536, help="events kept for resumes")
+    agent.add_argument("--tls-cert", type=Path)
+    agent.add_argument("--tls-key", type=Path)
+
+    ctl = sub.add_parser("ctl", help="send one control request to an agent and print the reply")
+    ctl.add_argument("uri", help="ws://HOST:PORT")
+    ctl.add_argument("--token-file", type=Path)
+    ctl.add_argument("--json", action="store_true", help="print the reply as JSON")
+    ctl.add_argument("--dry-run", action="store_true", help="validate a set-* change without applying it")
+    actions = ctl.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("status")
+    actions.add_parser("policies")
+    sp = actions.add_parser("set-policy")
+    sp.add_argument("--unit", type=int, action="append", help="unit id (repeatable; default every unit)")
+    sp.add_argument("name")
+    sp.add_argument("--param", action="append", default=[], metavar="K=V")
+    sd = actions.add_parser("set-dispatch")
+    sd.add_argument("name")
+    sd.add_argument("--param", action="append", default=[], metavar="K=V")
+    pa = actions.add_parser("set-param")
+    pa.add_argument("--unit", type=int, action="append")
+    pa.add_argument("--dispatch", action="store_true", help="change the dispatcher's parameters")
+    pa.add_argument("assignments", nargs="+", metavar="K=V")
+    for mode in ("pause", "drain", "resume"):
+        actions.add_parser(mode).add_argument("--unit", type=int, required=True)
+
+    rec = sub.add_parser("record", help="subscribe to agents and write their events to a store")
+    rec.add_argument("uris", nargs="+", metavar="URI")
+    rec.add_argument("--db", type=Path, required=True)
+    rec.add_argument("--flush-s", type=float, default=1.0, help="flush at least this often (default 1 s)")
+
+
+# -- agent --------------------------------------------------------------------------------------------------
+def read_token(path: Path | None) -> str:
+    if path is None:
+        return ""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ServeError(f"cannot read token file {path}: {exc.strerror}") from None
+    if not token:
+        raise ServeError(f"token file {path} is empty")
+    return token
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ServeError(f"--listen takes HOST:PORT, not {text!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
+    """Fresh simulated units and dispatcher for ``config`` (requests too long for the model are dropped)."""
+    profile = load_profile(config.profile)
+    batch_params, dispatch_params = split_params(config.params, config.batch_policy, config.dispatch)
+    units = build_units(config, profile, batch_params)
+    runnable = [r for r in requests if r.prompt_tokens < profile.max_model_len]
+    return Node(units, make_dispatch_policy(config.dispatch, dispatch_params), runnable,
+                ttft_slo_s=config.ttft_slo_ms / 1e3, tpot_slo_s=config.tpot_slo_ms / 1e3)
+
+
+def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
+    if args.units < 1 or args.speed <= 0:
+        raise ServeError("--units must be >= 1 and --speed > 0")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ServeError("--tls-cert and --tls-key go together")
+    host, port = parse_listen(args.listen)
+    token = read_token(args.token_file)
+    requests = (load_trace(args.trace) if args.trace is not None else parse_workload(args.workload, seed=args.seed))
+    config = BenchConfig(profile=args.profile, units=args.units, batch_policy=args.batch_policy,
+                         dispatch=args.dispatch, params=parse_assignments(args.param), ttft_slo_ms=args.slo_ttft_ms,
+                         tpot_slo_ms=args.slo_tpot_ms, seed=args.seed)
+    node = make_node(config, requests)
+    hub = Hub(node, node_id=args.node_id, profile=args.profile, token=token, replay_capacity=args.replay_events)
+    tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
+    if not token:
+        print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
+    try:
+        return asyncio.run(_serve(hub, host, port, args.speed, tls))
+    except OSError as exc:  # the port is taken, the address is not ours
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+async def _serve(hub: Hub, host: str, port: int, speed: float, tls: Any) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with AgentServer(hub, host=host, port=port, speed=speed, ssl_context=tls) as server:
+        print(f"trackside agent {hub.node_id}: {server.url} ({len(hub.node.units)} units, "
+              f"{len(hub.node.arrivals)} requests, speed {speed:g})", file=sys.stderr, flush=True)
+        done = asyncio.create_task(server.workload_done.wait())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([done, stopped], return_when=asyncio.FIRST_COMPLETED)
+        for task in (done, stopped):
+            task.cancel()
+        await server.drain(2.0)
+        node = hub.node
+        print(f"trackside agent: {'workload done' if server.workload_done.is_set() else 'stopped'}: "
+              f"{node.num_finished} finished, {node.num_rejected} refused, {len(node.unfinished())} in flight, "
+              f"{hub.sequencer.last_seq} events", file=sys.stderr)
+    return 0
+
+
+# -- ctl ----------------------------------------------------------------------------------------------------
+def ctl_request(args: argparse.Namespace) -> ControlRequest:
+    """The request ``trackside ctl`` sends for its parsed arguments."""
+    action = args.action
+    units = tuple(args.unit or ()) if action in ("set-policy", "set-param") else ()
+    request: ControlRequest
+    if action == "status":
+        request = Status()
+    elif action == "policies":
+        request = ListPolicies()
+    elif action == "set-policy":
+        request = SetBatchPolicy(policy=args.name, params=dict(parse_assignments(args.param)), unit_ids=units)
+    elif action == "set-dispatch":
+        request = SetDispatchPolicy(policy=args.name, params=dict(parse_assignments(args.param)))
+    elif action == "set-param":
+        request = SetParams(target="dispatch" if args.dispatch else "batch",
+                            params=dict(parse_assignments(args.assignments)), unit_ids=units)
+    elif action == "pause":
+        request = PauseUnit(unit_id=args.unit)
+    elif action == "drain":
+        request = DrainUnit(unit_id=args.unit)
+    else:
+        request = ResumeUnit(unit_id=args.unit)
+    if args.dry_run:
+        if not isinstance(request, SetBatchPolicy | SetDispatchPolicy | SetParams):
+            raise ServeError(f"--dry-run applies to set-policy, set-dispatch and set-param, not {action}")
+        request = DryRun(change=request)
+    return request
+
+
+def cmd_ctl(args: argparse.Namespace, console: object = None) -> int:
+    token = read_token(args.token_file)
+    request = ctl_request(args)
+    try:
+        reply = asyncio.run(_call(args.uri, token, request))
+    except (OSError, TimeoutError, WebSocketException) as exc:
+        print(f"trackside ctl: cannot reach {args.uri}: {exc or type(exc).__name__}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if args.json:
+        print(msgspec.json.encode(reply).decode())
+    if isinstance(reply, ErrorReply):
+        print(f"trackside ctl: error: {reply.code}: {reply.message}", file=sys.stderr)
+        return EXIT_ERROR_REPLY
+    if not args.json:
+        print(render_reply(reply))
+    return 0
+
+
+async def _call(uri: str, token: str, request: ControlRequest) -> Reply:
+    async with open_session(uri, token=token) as session:
+        return await session.call(request)
+
+
+def render_reply(reply: OkReply) -> str:
+    payload = reply.payload
+    if isinstance(payload, StatusInfo):
+        lines = [f"node {payload.node_id}: dispatch {payload.dispatch_policy} {_params(payload.dispatch_params)}",
+                 f"stream: seq {payload.last_seq} (buffered from {payload.oldest_seq}), "
+                 f"{payload.num_subscribers} subscribers"]
+        for u in payload.units:
+            lines.append(f"  unit {u.unit_id} [{u.mode}] {u.batch_policy} {_params(u.batch_params)} "
+                         f"running {u.num_running} waiting {u.num_waiting}")
+        return "\n".join(lines)
+    if isinstance(payload, PolicyList):
+        return "\n".join(["batch policies:", *(f"  {p.name}: {p.summary}" for p in payload.batch_policies),
+                          "dispatch policies:", *(f"  {p.name}: {p.summary}" for p in payload.dispatch_policies)])
+    if not isinstance(payload, ControlAudit):
+        return "ok"
+    targets = []
+    for setting in payload.new:
+        where = "dispatcher" if setting.unit_id is None else f"unit {setting.unit_id}"
+        what = " ".join(x for x in (setting.policy, _params(setting.params), setting.mode or "") if x)
+        targets.append(f"{where}: {what}")
+    return f"{payload.result}: {payload.action}: " + "; ".join(targets)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else ""
+
+
+# -- record -------------------------------------------------------------------------------------------------
+class EventWriter(Protocol):
+    def write(self, events: Sequence[Event]) -> None: ...
+    def flush(self) -> None: ...
+    def last_seq(self, node_id: str) -> int: ...
+    def close(self) -> None: ...
+
+
+def _store_writer(path: Path) -> EventWriter:
+    from store.writer import StoreWriter  # lazily: the store is optional for everything else
+
+    writer: EventWriter = StoreWriter(path)
+    return writer
+
+
+def cmd_record(args: argparse.Namespace, console: object = None) -> int:
+    return asyncio.run(record(args.uris, args.db, flush_s=args.flush_s, install_signals=True))
+
+
+async def record(
+    uris: Sequence[str], db: Path, *, flush_s: float = 1.0, writer_factory: Callable[[Path], EventWriter] | None = None,
+    stop: asyncio.Event | None = None, install_signals: bool = False, batch_size: int = 2000,
+) -> int:
+    """Subscribe to every agent in ``uris`` and write stream events (seq > 0) until ``stop`` (or a signal)."""
+    stop = stop or asyncio.Event()
+    if install_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    writer = (writer_factory or _store_writer)(db)
+    queue: asyncio.Queue[Event] = asyncio.Queue(50_000)
+
+    def resume_from(hello: NodeHello) -> int:
+        return writer.last_seq(hello.node_id)
+
+    async def follow(uri: str) -> None:
+        async for event in stream(uri, resume_after_seq=resume_from):
+            if isinstance(event, NodeHello):
+                print(f"trackside record: {uri}: node {event.node_id}", file=sys.stderr)
+            elif event.seq:
+                await queue.put(event)
+            else:
+                log.warning("%s: %s", uri, getattr(event, "message", event))
+
+    tasks = [asyncio.create_task(follow(u)) for u in uris]
+    last_flush = time.monotonic()
+    try:
+        while not stop.is_set():
+            batch: list[Event] = []
+            with contextlib.suppress(TimeoutError):
+                batch.append(await asyncio.wait_for(queue.get(), flush_s / 4))
+            while batch and len(batch) < batch_size and not queue.empty():
+                batch.append(queue.get_nowait())
+            if batch:
+                await asyncio.to_thread(writer.write, batch)
+            if time.monotonic() - last_flush >= flush_s:
+                await asyncio.to_thread(writer.flush)
+                last_flush = time.monotonic()
+            failed = [t for t in tasks if t.done() and t.exception() is not None]
+            if failed:
+                raise failed[0].exception()  # type: ignore[misc]
+    except AgentError as exc:
+        print(f"trackside record: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR_REPLY
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        rest = []
+        while not queue.empty():
+            rest.append(queue.get_nowait())
+        if rest:
+            writer.write(rest)
+        writer.flush()
+        writer.close()
+    return 0
+
+
+SERVE_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
+    "agent": cmd_agent, "ctl": cmd_ctl, "record": cmd_record,
+}
+HANDLED_ERRORS: tuple[type[Exception], ...] = (ServeError, AgentError)
+"""Errors the ``trackside`` main prints as one line with exit status 2 (besides its own)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """These three commands alone (``python -m agent.cli_serve``), with ``trackside``'s error handling."""
+    from agent.engine.profiles import UnknownProfileError
+    from agent.workload.types import WorkloadError
+    from policies.params import ParamError
+    from policies.registry import UnknownPolicyError
+
+    errors: tuple[type[Exception], ...] = (
+        *HANDLED_ERRORS, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError,
+    )
+    parser = argparse.ArgumentParser(prog="trackside")
+    add_serve_commands(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return SERVE_COMMANDS[args.command](args, None)
+    except errors as exc:
+        message = str(exc.args[0]) if exc.args else str(exc)
+        print(f"trackside {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

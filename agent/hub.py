@@ -1,0 +1,297 @@
+"""The agent's telemetry and control hub: the Sans-I/O part of the server, between the node and connections.
+
+The hub turns the node's records into protocol events (through ``agent.wire``), numbers them, keeps them for
+resumes and offers them to every subscription; it answers control requests (token checked, executed with
+:class:`~agent.control.NodeControl`, audited on the stream). It does no I/O and never awaits: the asyncio
+server (``agent.server``) calls it from the loop that also drives the node, so every control action runs
+between two steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agent.control import AuditRecord, NodeControl
+from agent.engine.base import RequestOutcome, StepRecord
+from agent.metrics import NodeMetrics, render
+from agent.node import Node, RequestEventKind, RequestState
+from agent.protocol import (
+    Alert,
+    AlertCode,
+    ControlAudit,
+    ControlRequest,
+    DrainUnit,
+    DryRun,
+    ErrorCode,
+    ErrorReply,
+    Event,
+    ListPolicies,
+    NodeHello,
+    OkReply,
+    PauseUnit,
+    PolicyList,
+    Reply,
+    RequestArrived,
+    RequestDispatched,
+    RequestFirstToken,
+    RequestRefused,
+    ResumeUnit,
+    SetBatchPolicy,
+    SetDispatchPolicy,
+    SetParams,
+    Setting,
+    Status,
+    StatusInfo,
+    Subscribe,
+    Subscribed,
+    UnitStatus,
+)
+from agent.wire import (
+    NodeOrigin,
+    ReplayBuffer,
+    ResumeError,
+    Sequencer,
+    Subscription,
+    policy_schemas,
+    request_finished,
+    step_event,
+    token_matches,
+)
+from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[], None]
+
+
+class Hub:
+    """One node's stream and control plane. Attach it with :meth:`attach` before the node runs."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        node_id: str,
+        profile: str,
+        token: str = "",
+        replay_capacity: int = 65536,
+        max_queued: int = 4096,
+        get_time_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.node = node
+        self.node_id = node_id
+        self.profile = profile
+        self._token = token
+        self.max_queued = max_queued
+        self._get_time_ns = get_time_ns
+        self.boot_ns = get_time_ns()
+        self.origin = NodeOrigin(node_id, self.boot_ns)
+        """Node time 0 is the boot; event times are boot + node time (simulated seconds at any speed)."""
+        self.control = NodeControl(node, clock_ns=get_time_ns)
+        self.sequencer = Sequencer()
+        self.replay = ReplayBuffer(replay_capacity)
+        self.metrics = NodeMetrics()
+        self.subscriptions: dict[Subscription, Notify] = {}
+        self.num_dropped_closed = 0
+        """Events dropped for subscriptions that have since closed."""
+        self._batch_policies = policy_schemas(BATCH_POLICIES.values())
+        self._dispatch_policies = policy_schemas(DISPATCH_POLICIES.values())
+
+    @property
+    def control_enabled(self) -> bool:
+        return bool(self._token)
+
+    # -- the node's hooks ---------------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Route the node's step, finish and request hooks into the stream (replacing any set before)."""
+        self.node.on_step = self._on_step
+        self.node.on_finish = self._on_finish
+        self.node.on_request = self._on_request
+
+    def _on_step(self, record: StepRecord) -> None:
+        self.metrics.observe_step(record)
+        self.publish(step_event(record, self.origin))
+
+    def _on_finish(self, outcome: RequestOutcome) -> None:
+        self.metrics.observe_outcome(outcome)
+        self.publish(request_finished(outcome, self.origin))
+
+    def _on_request(self, kind: RequestEventKind, state: RequestState) -> None:
+        now_ns = self.origin.ns(self.node.now_s)
+        spec = state.spec
+        rid, nid = spec.request_id, self.node_id
+        event: Event
+        if kind == "arrived":
+            event = RequestArrived(node_id=nid, time_ns=now_ns, request_id=rid, prompt_tokens=spec.prompt_tokens,
+                                   ttft_slo_ms=state.ttft_slo_s * 1e3, tpot_slo_ms=state.tpot_slo_s * 1e3)
+        elif kind == "dispatched":
+            assert state.unit_id is not None
+            event = RequestDispatched(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.unit_id,
+                                      num_rounds_waited=state.cycles_waited)
+        elif kind == "refused":
+            if state.refused_by is not None:
+                policy = self.node.units[self.node.unit_index(state.refused_by)].policy.name
+                reason = "admission control"
+            else:
+                policy, reason = self.node.dispatcher.name, "dispatcher"
+            event = RequestRefused(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.refused_by,
+                                   policy=policy, reason=reason)
+        else:
+            assert state.unit_id is not None
+            event = RequestFirstToken(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.unit_id,
+                                      ttft_ms=(self.node.now_s - spec.arrival_s) * 1e3)
+        self.publish(event)
+
+    # -- the stream -----------------------------------------------------------------------------------------
+    def publish(self, event: Event) -> None:
+        """Number ``event``, keep it for resumes and offer it to every subscription (never blocks)."""
+        stamped = self.sequencer.stamp(event)
+        self.replay.append(stamped)
+        for sub, notify in self.subscriptions.items():
+            if sub.offer(stamped):
+                notify()
+
+    def subscribe(self, request: Subscribe, notify: Notify) -> tuple[Subscription | None, Reply, list[Event]]:
+        """A new live subscription, the reply, and the resume's backlog (or None, the error, []).
+
+        The backlog (a ``gap`` alert when part of the resume is gone, then the buffered events the filter
+        wants) is sent before the subscription's queue; it does not count against the live queue bound, so a
+        long resume never drops its own events. ``notify`` is called when the subscription has new frames.
+        """
+        sub = Subscription.from_request(request, self.node_id, max_queued=self.max_queued,
+                                        get_time_ns=self._get_time_ns)
+        backlog: list[Event] = []
+        if request.resume_after_seq is not None:
+            try:
+                replay = self.replay.since(request.resume_after_seq)
+            except ResumeError as exc:
+                return None, ErrorReply(control_id=request.control_id, code=exc.code, message=str(exc)), []
+            if replay.gap is not None:
+                first, last = replay.gap
+                backlog.append(Alert(node_id=self.node_id, time_ns=self._get_time_ns(), code=AlertCode.GAP,
+                                     message=f"events {first}..{last} are no longer buffered", first_seq=first,
+                                     last_seq=last))
+            backlog.extend(e for e in replay.events if sub.wants(e))
+        self.subscriptions[sub] = notify
+        reply = OkReply(control_id=request.control_id,
+                        payload=Subscribed(last_seq=self.replay.last_seq, num_replayed=len(backlog)))
+        return sub, reply, backlog
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        if self.subscriptions.pop(sub, None) is not None:
+            self.num_dropped_closed += sub.num_dropped
+
+    @property
+    def num_dropped(self) -> int:
+        return self.num_dropped_closed + sum(s.num_dropped for s in self.subscriptions)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def unit_statuses(self) -> tuple[UnitStatus, ...]:
+        out = []
+        for index, unit in enumerate(self.node.units):
+            load = unit.load()
+            out.append(UnitStatus(
+                unit_id=unit.unit_id, mode=self.node.unit_modes[index],  # type: ignore[arg-type]
+                batch_policy=unit.policy.name, batch_params=dict(unit.policy.params), num_blocks=load.num_blocks,
+                max_num_seqs=load.max_num_seqs, num_running=load.num_running, num_waiting=load.num_waiting,
+            ))
+        return tuple(out)
+
+    def hello(self) -> NodeHello:
+        """The first frame of every connection (a notice: ``seq`` 0)."""
+        return NodeHello(
+            node_id=self.node_id, time_ns=self._get_time_ns(), boot_ns=self.boot_ns, profile=self.profile,
+            units=self.unit_statuses(), dispatch_policy=self.node.dispatcher.name,
+            dispatch_params=dict(self.node.dispatcher.params), batch_policies=self._batch_policies,
+            dispatch_policies=self._dispatch_policies,
+        )
+
+    def status(self) -> StatusInfo:
+        return StatusInfo(
+            node_id=self.node_id, dispatch_policy=self.node.dispatcher.name,
+            dispatch_params=dict(self.node.dispatcher.params), units=self.unit_statuses(),
+            last_seq=self.replay.last_seq, oldest_seq=self.replay.oldest_seq,
+            num_subscribers=len(self.subscriptions),
+        )
+
+    def metrics_text(self) -> str:
+        return render(self.node, self.metrics, model_name=self.profile, num_dropped=self.num_dropped,
+                      num_subscribers=len(self.subscriptions))
+
+    # -- control --------------------------------------------------------------------------------------------
+    def handle(self, request: ControlRequest, *, who: str) -> Reply:
+        """Answer any request but :class:`Subscribe` (which needs a connection: :meth:`subscribe`)."""
+        cid = request.control_id
+        if isinstance(request, Status):
+            return OkReply(control_id=cid, payload=self.status())
+        if isinstance(request, ListPolicies):
+            return OkReply(control_id=cid, payload=PolicyList(batch_policies=self._batch_policies,
+                                                              dispatch_policies=self._dispatch_policies))
+        if isinstance(request, Subscribe):
+            return ErrorReply(control_id=cid, code=ErrorCode.INTERNAL, message="subscribe needs a connection")
+        if request.needs_token and not token_matches(request.token, self._token):
+            why = "wrong or missing token" if self._token else "control is disabled on this agent (no token file)"
+            return ErrorReply(control_id=cid, code=ErrorCode.UNAUTHORIZED, message=why)
+        try:
+            record = self._execute(request, who)
+        except Exception as exc:  # a bug must not take the agent down: answer, log, carry on
+            log.exception("control request %s failed", request.__struct_config__.tag)
+            return ErrorReply(control_id=cid, code=ErrorCode.INTERNAL, message=f"internal error: {exc}")
+        audit = audit_event(record, self.node_id, cid)
+        self.publish(audit)
+        if record.result == "rejected":
+            return ErrorReply(control_id=cid, code=record.error_code or ErrorCode.INTERNAL,
+                              message=record.error or "rejected")
+        return OkReply(control_id=cid, payload=audit)
+
+    def _execute(self, request: ControlRequest, who: str, dry_run: bool = False) -> AuditRecord:
+        c = self.control
+        if isinstance(request, DryRun):
+            return self._execute(request.change, who, dry_run=True)
+        if isinstance(request, SetBatchPolicy):
+            return c.set_batch_policy(request.policy, request.params, units=request.unit_ids or None, who=who,
+                                      dry_run=dry_run)
+        if isinstance(request, SetDispatchPolicy):
+            return c.set_dispatch_policy(request.policy, request.params, who=who, dry_run=dry_run)
+        if isinstance(request, SetParams):
+            return c.set_params(request.params, target=request.target, units=request.unit_ids or None, who=who,
+                                dry_run=dry_run)
+        if isinstance(request, PauseUnit | DrainUnit | ResumeUnit):
+            mode = {PauseUnit: "paused", DrainUnit: "draining", ResumeUnit: "active"}[type(request)]
+            return c.set_unit_mode(request.unit_id, mode, who=who)
+        raise TypeError(f"not a control action: {type(request).__name__}")
+
+
+def audit_event(record: AuditRecord, node_id: str, control_id: str) -> ControlAudit:
+    """An :class:`AuditRecord` as a stream event (settings per target; see ``NodeControl`` for the shapes)."""
+    old: list[Setting] = []
+    new: list[Setting] = []
+    targets: list[int | None] = list(record.unit_ids) or [None]
+    if record.action == "set_batch_policy":
+        old = [_setting(int(uid), v) for uid, v in record.old.items()]
+        new = [_setting(uid, record.new) for uid in targets]
+    elif record.action == "set_dispatch_policy":
+        old = [_setting(None, record.old)] if record.old else []
+        new = [_setting(None, record.new)]
+    elif record.action == "set_params":
+        old = [Setting(unit_id=None if k == "dispatch" else int(k), params=dict(v)) for k, v in record.old.items()]
+        new = [Setting(unit_id=uid, params=dict(record.new)) for uid in targets]
+    else:
+        if record.old:
+            old = [Setting(unit_id=targets[0], mode=record.old["mode"])]
+        mode = record.new.get("mode")
+        new = [Setting(unit_id=targets[0], mode=mode if mode in ("active", "draining", "paused") else None)]
+    return ControlAudit(
+        node_id=node_id, time_ns=record.time_ns, actor=record.who, control_id=control_id,
+        action=record.action,  # type: ignore[arg-type]
+        unit_ids=record.unit_ids, old=tuple(old), new=tuple(new),
+        result=record.result,  # type: ignore[arg-type]
+        error_code=record.error_code or "", message=record.error or "",
+    )
+
+
+def _setting(unit_id: int | None, value: Mapping[str, Any]) -> Setting:
+    return Setting(unit_id=unit_id, policy=str(value.get("policy", "")), params=dict(value.get("params", {})))
