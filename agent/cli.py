@@ -34,6 +34,7 @@ from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec, WorkloadError
 from policies.params import ParamError, parse_assignments
 from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES, UnknownPolicyError
+from store.cli import STORE_COMMANDS, add_store_commands
 
 EXIT_USAGE = 2
 
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profiles", help="list calibration profiles and their fit error on their records")
     prof.add_argument("--json", action="store_true", help="print the fit report as JSON")
     add_serve_commands(sub)
+    add_store_commands(sub)
     return parser
 
 
@@ -275,7 +277,9 @@ def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-COMMANDS = {"bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles, **SERVE_COMMANDS}
+COMMANDS = {
+    "bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles, **SERVE_COMMANDS, **STORE_COMMANDS,
+}
 USER_ERRORS: tuple[type[Exception], ...] = (
     CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError, *HANDLED_ERRORS,
 )

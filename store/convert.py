@@ -1,0 +1,235 @@
+"""Protocol events to Arrow batches (one per table) and table rows back to events.
+
+Writing is columnar: a table's pending events become one :class:`pyarrow.Table` (the high-volume tables,
+whose columns are the event's own fields, are filled column by column with ``attrgetter``: no per-row tuples),
+which DuckDB inserts in one statement. Reading builds the events again, so ``events -> store -> replay`` gives
+equal events (:func:`event_from_row`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Any, Final
+
+import msgspec
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from agent.protocol import (
+    Alert,
+    ControlAudit,
+    Event,
+    NodeHello,
+    PolicySchema,
+    RequestArrived,
+    RequestDispatched,
+    RequestFinished,
+    RequestFirstToken,
+    RequestMigrated,
+    RequestPreempted,
+    RequestRefused,
+    Setting,
+    SlackPoint,
+    SlackSample,
+    StageBoundaries,
+    StepEvent,
+    UnitLoadEvent,
+    UnitStatus,
+)
+from policies.params import ParamValue
+from policies.types import ReasonValue, StepMode
+from store.schema import TABLES, columns
+
+_ENCODE = msgspec.json.Encoder().encode
+
+ROUTES: Final[dict[type[Any], tuple[str, ...]]] = {
+    NodeHello: ("nodes",),
+    StepEvent: ("steps",),
+    RequestFinished: ("requests",),
+    RequestRefused: ("request_events", "requests"),
+    RequestArrived: ("request_events",),
+    RequestDispatched: ("request_events",),
+    RequestFirstToken: ("request_events",),
+    RequestPreempted: ("request_events",),
+    RequestMigrated: ("request_events",),
+    UnitLoadEvent: ("unit_loads",),
+    StageBoundaries: ("stage_boundaries",),
+    SlackSample: ("slack_samples",),
+    ControlAudit: ("audits",),
+    Alert: ("alerts",),
+}
+"""The tables each event type is written to (a refusal is both a request event and a request's outcome)."""
+
+TABLE_KINDS: Final[dict[str, frozenset[str]]] = {
+    table: frozenset(str(cls.__struct_config__.tag) for cls, tables in ROUTES.items() if table in tables)
+    for table in TABLES
+}
+"""The event kinds whose rows a table holds."""
+
+_UNIT_TYPE = pa.list_(pa.struct([
+    ("unit_id", pa.int64()), ("mode", pa.string()), ("batch_policy", pa.string()), ("batch_params", pa.string()),
+    ("num_blocks", pa.int64()), ("max_num_seqs", pa.int64()), ("num_running", pa.int64()),
+    ("num_waiting", pa.int64()),
+]))
+_ARROW_TYPES: Final[dict[str, pa.DataType]] = {
+    "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_(),
+    "BIGINT[]": pa.list_(pa.int64()), "BIGINT[][]": pa.list_(pa.list_(pa.int64())),
+}
+
+
+def arrow_schema(table: str) -> pa.Schema:
+    return pa.schema([(name, _ARROW_TYPES.get(sql_type, _UNIT_TYPE)) for name, sql_type, _ in columns(table)])
+
+
+SCHEMAS: Final[dict[str, pa.Schema]] = {table: arrow_schema(table) for table in TABLES}
+
+
+def _json(value: object) -> str:
+    return _ENCODE(value).decode()
+
+
+def _reasons(value: dict[str, ReasonValue]) -> str:
+    return _ENCODE(value).decode() if value else "{}"
+
+
+# -- events -> Arrow -----------------------------------------------------------------------------------------
+_FIELD_TABLES: Final = frozenset({"steps", "unit_loads", "alerts", "stage_boundaries"})
+"""Tables whose columns after the key are the event's own fields, in order: filled column by column."""
+
+
+def _hello(e: NodeHello) -> tuple[Any, ...]:
+    units = [
+        {"unit_id": u.unit_id, "mode": u.mode, "batch_policy": u.batch_policy, "batch_params": _json(u.batch_params),
+         "num_blocks": u.num_blocks, "max_num_seqs": u.max_num_seqs, "num_running": u.num_running,
+         "num_waiting": u.num_waiting}
+        for u in e.units
+    ]
+    return (e.node_id, e.boot_ns, e.seq, e.time_ns, e.protocol_version, e.profile, e.dispatch_policy,
+            _json(e.dispatch_params), units, _json(e.batch_policies), _json(e.dispatch_policies))
+
+
+def _request(e: RequestFinished | RequestRefused, boot: int, policy: str | None) -> tuple[Any, ...]:
+    if isinstance(e, RequestRefused):
+        return (e.node_id, boot, e.seq, e.time_ns, e.request_id, e.unit_id, True, None, None, None, None, None,
+                None, None, None, None, False, e.policy, e.reason)
+    return (e.node_id, boot, e.seq, e.time_ns, e.request_id, e.unit_id, False, e.arrival_ns, e.first_token_ns,
+            e.prompt_tokens, e.output_tokens, e.num_preemptions, e.ttft_ms, e.tpot_ms, e.ttft_slo_ms, e.tpot_slo_ms,
+            e.met_slo, policy, None)
+
+
+_REQUEST_EVENT_FIELDS: Final = tuple(name for name, _, _ in columns("request_events"))[6:]
+
+
+def _request_event(e: Any, boot: int) -> tuple[Any, ...]:
+    return (e.node_id, boot, e.seq, e.time_ns, e.__struct_config__.tag, e.request_id,
+            *(getattr(e, name, None) for name in _REQUEST_EVENT_FIELDS))
+
+
+def _audit(e: ControlAudit, boot: int) -> tuple[Any, ...]:
+    return (e.node_id, boot, e.seq, e.time_ns, e.actor, e.control_id, e.action, list(e.unit_ids), _json(e.old),
+            _json(e.new), e.result, e.error_code, e.message)
+
+
+_ROW_MAKERS: Final[dict[str, Callable[[Any, int], tuple[Any, ...]]]] = {
+    "request_events": _request_event, "audits": _audit,
+}
+
+
+def to_arrow(
+    table: str, events: Sequence[Any], boots: Sequence[int], policies: Sequence[str | None] | None = None
+) -> pa.Table:
+    """One Arrow table of ``table``'s rows for ``events`` (``boots[i]``: the run ``events[i]`` belongs to;
+    for ``requests``, ``policies[i]``: the policy the request counts for, default its event's or None)."""
+    schema = SCHEMAS[table]
+    data: list[Sequence[Any]]
+    if table in _FIELD_TABLES:  # column by column: no per-row tuples (the hot path, steps)
+        data = [list(map(attrgetter(name), events)) if name != "boot_ns" else boots for name in schema.names]
+        if table == "steps":
+            data[-1] = [_reasons(r) for r in data[-1]]
+    else:
+        if table == "nodes":
+            rows = [_hello(e) for e in events]
+        elif table == "slack_samples":
+            rows = _slack_rows(events, boots)
+        elif table == "requests":
+            given = policies if policies is not None else [getattr(e, "policy", None) for e in events]
+            rows = [_request(e, boot, p) for e, boot, p in zip(events, boots, given, strict=True)]
+        else:
+            make = _ROW_MAKERS[table]
+            rows = [make(e, boot) for e, boot in zip(events, boots, strict=True)]
+        data = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    return pa.Table.from_arrays([pa.array(col, type=field.type) for col, field in zip(data, schema, strict=True)],
+                                schema=schema)
+
+
+def _slack_rows(events: Sequence[SlackSample], boots: Sequence[int]) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for e, boot in zip(events, boots, strict=True):
+        head = (e.node_id, boot, e.seq, e.time_ns, e.unit_id, e.sample_period_ms)
+        if not e.requests:  # kept as one empty row, so the sample replays
+            rows.append((*head, 0, None, None, None, None, None))
+        for i, p in enumerate(e.requests):
+            rows.append((*head, i, p.request_id, p.deadline_ns, p.slack_ms, p.output_tokens, p.computed_tokens))
+    return rows
+
+
+# -- rows -> events ------------------------------------------------------------------------------------------
+_DEC_REASONS = msgspec.json.Decoder(dict[str, ReasonValue])
+_DEC_PARAMS = msgspec.json.Decoder(dict[str, ParamValue])
+_DEC_SETTINGS = msgspec.json.Decoder(tuple[Setting, ...])
+_DEC_POLICIES = msgspec.json.Decoder(tuple[PolicySchema, ...])
+_REQUEST_EVENT_TYPES: Final[dict[str, type[Any]]] = {
+    str(cls.__struct_config__.tag): cls
+    for cls in (RequestArrived, RequestDispatched, RequestFirstToken, RequestPreempted, RequestMigrated, RequestRefused)
+}
+
+
+def event_from_row(table: str, row: dict[str, Any]) -> Event:
+    """The event a row of ``table`` was written from (``slack_samples`` rows: see :func:`slack_from_rows`)."""
+    boot_ns = row.pop("boot_ns")
+    if table == "steps":
+        row["mode"] = StepMode(row["mode"])
+        row["reasons"] = _DEC_REASONS.decode(row["reasons"])
+        return StepEvent(**row)
+    if table == "unit_loads":
+        return UnitLoadEvent(**row)
+    if table == "alerts":
+        return Alert(**row)
+    if table == "stage_boundaries":
+        row["boundaries_tokens"] = tuple(row["boundaries_tokens"])
+        row["stage_unit_ids"] = tuple(tuple(ids) for ids in row["stage_unit_ids"])
+        return StageBoundaries(**row)
+    if table == "audits":
+        row["unit_ids"] = tuple(row["unit_ids"])
+        row["old"] = _DEC_SETTINGS.decode(row["old"])
+        row["new"] = _DEC_SETTINGS.decode(row["new"])
+        return ControlAudit(**row)
+    if table == "requests":
+        for name in ("refused", "policy", "reason"):
+            del row[name]
+        return RequestFinished(**row)
+    if table == "request_events":
+        cls = _REQUEST_EVENT_TYPES[row.pop("kind")]
+        fields = set(cls.__struct_fields__)
+        return cls(**{k: v for k, v in row.items() if k in fields})  # type: ignore[no-any-return]
+    if table == "nodes":
+        row["dispatch_params"] = _DEC_PARAMS.decode(row["dispatch_params"])
+        row["batch_policies"] = _DEC_POLICIES.decode(row["batch_policies"])
+        row["dispatch_policies"] = _DEC_POLICIES.decode(row["dispatch_policies"])
+        row["units"] = tuple(
+            UnitStatus(**{**u, "batch_params": _DEC_PARAMS.decode(u["batch_params"])}) for u in row["units"]
+        )
+        return NodeHello(**row, boot_ns=boot_ns)
+    raise ValueError(f"no events are read from table {table!r}")
+
+
+def slack_from_rows(rows: Sequence[dict[str, Any]]) -> SlackSample:
+    """One sample from its rows (in ``idx`` order; a single row without ``request_id`` for an empty one)."""
+    first = rows[0]
+    points = tuple(
+        SlackPoint(request_id=r["request_id"], deadline_ns=r["deadline_ns"], slack_ms=r["slack_ms"],
+                   output_tokens=r["output_tokens"], computed_tokens=r["computed_tokens"])
+        for r in rows if r["request_id"] is not None
+    )
+    return SlackSample(seq=first["seq"], node_id=first["node_id"], time_ns=first["time_ns"], unit_id=first["unit_id"],
+                       sample_period_ms=first["sample_period_ms"], requests=points)

@@ -1,0 +1,252 @@
+"""Canned queries over a store, returning plain dicts; arbitrary read-only SQL; Parquet export.
+
+Definitions are those of :mod:`agent.report` (TTFT/TPOT percentiles with linear interpolation, DuckDB's
+``quantile_cont`` = ``numpy.percentile``; a request meets its SLO when both TTFT and TPOT are within their
+targets; ``slo_attainment`` = met / requests, refused included; ``goodput_rps`` = met / ``duration_s``),
+with these store-side choices:
+
+* A finished request counts for the **batch policy of its unit** at its finish (``requests.policy``: the policy
+  of the unit's latest step before it in the stream, set by the writer). A refused request counts for the
+  policy that refused it (``RequestRefused.policy``: a dispatch policy or a unit's batch policy).
+* A window keeps the requests that finished (or were refused) in ``[start_ns, end_ns)``. ``duration_s`` runs
+  from ``start_ns`` (without one: the group's earliest arrival, the store not knowing the workload's time 0)
+  to the group's last completion; with ``window_s`` buckets it is the bucket's length. Requests still
+  running at the window's end are not counted (the store has no row for them yet).
+
+Every function takes a connection (``StoreWriter.cursor()``, ``store.schema.connect(path, read_only=True)``)
+or a path, which it opens read-only and closes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from store.schema import TABLES, StoreError, connect
+
+Db = str | Path | duckdb.DuckDBPyConnection
+READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+
+
+class StoreQueryError(StoreError):
+    """A query that DuckDB refused (syntax, unknown column, ...), or one that would change the store."""
+
+
+@dataclass(frozen=True, slots=True)
+class SqlResult:
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+
+def _open(db: Db) -> tuple[duckdb.DuckDBPyConnection, bool]:
+    if isinstance(db, duckdb.DuckDBPyConnection):
+        return db, False
+    return connect(db, read_only=True), True
+
+
+def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    names = [d[0] for d in cur.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _window(column: str, start_ns: int | None, end_ns: int | None, params: list[Any]) -> str:
+    clauses = ["TRUE"]
+    if start_ns is not None:
+        clauses.append(f"{column} >= ?")
+        params.append(start_ns)
+    if end_ns is not None:
+        clauses.append(f"{column} < ?")
+        params.append(end_ns)
+    return " AND ".join(clauses)
+
+
+# -- per policy ----------------------------------------------------------------------------------------------
+def policy_summary(
+    db: Db, *, start_ns: int | None = None, end_ns: int | None = None, window_s: float | None = None
+) -> list[dict[str, Any]]:
+    """One dict per batch policy (and per ``window_s`` bucket of finish time, keyed ``window_start_ns``):
+    ``policy`` and the keys of :data:`agent.report.SUMMARY_KEYS`."""
+    if window_s is not None and window_s <= 0:
+        raise ValueError("window_s must be positive")
+    con, owned = _open(db)
+    try:
+        params: list[Any] = []
+        where = _window("time_ns", start_ns, end_ns, params)
+        bucket = "NULL::BIGINT" if window_s is None else f"(time_ns // {int(window_s * 1e9)}) * {int(window_s * 1e9)}"
+        cur = con.execute(f"""
+            SELECT policy, {bucket} AS window_start_ns,
+                count(*) AS requests,
+                count(*) FILTER (NOT refused) AS completed,
+                count(*) FILTER (refused) AS rejected,
+                count(*) FILTER (met_slo) AS met,
+                coalesce(sum(output_tokens), 0) AS output_tokens,
+                min(arrival_ns) AS first_arrival_ns,
+                max(time_ns) FILTER (NOT refused) AS last_finish_ns,
+                avg(ttft_ms) AS ttft_mean,
+                quantile_cont(ttft_ms, [0.5, 0.9, 0.99]) AS ttft_q,
+                avg(tpot_ms) AS tpot_mean,
+                quantile_cont(tpot_ms, [0.5, 0.9, 0.99]) AS tpot_q
+            FROM requests WHERE {where}
+            GROUP BY ALL ORDER BY window_start_ns NULLS FIRST, policy NULLS LAST
+        """, params)
+        rows = _dicts(cur)
+    finally:
+        if owned:
+            con.close()
+    return [_summary(row, start_ns, window_s) for row in rows]
+
+
+def _summary(row: dict[str, Any], start_ns: int | None, window_s: float | None) -> dict[str, Any]:
+    completed, met = row["completed"], row["met"]
+    if window_s is not None:
+        duration_s = window_s
+    elif row["last_finish_ns"] is None:
+        duration_s = 0.0
+    else:
+        origin = start_ns if start_ns is not None else row["first_arrival_ns"]
+        duration_s = (row["last_finish_ns"] - origin) / 1e9
+    span = duration_s if duration_s > 0 else math.nan
+    out: dict[str, Any] = {"policy": row["policy"]}
+    if window_s is not None:
+        out["window_start_ns"] = row["window_start_ns"]
+    out.update({
+        "requests": row["requests"],
+        "completed": completed,
+        "rejected": row["rejected"],
+        "duration_s": duration_s,
+        "throughput_rps": completed / span if completed else 0.0,
+        "output_tokens_per_s": row["output_tokens"] / span if completed else 0.0,
+        "goodput_rps": met / span if completed else 0.0,
+        "slo_attainment": met / row["requests"] if row["requests"] else 0.0,
+        "ttft_ms": _latency(row["ttft_mean"], row["ttft_q"]),
+        "tpot_ms": _latency(row["tpot_mean"], row["tpot_q"]),
+    })
+    return out
+
+
+def _latency(mean: float | None, quantiles: Sequence[float] | None) -> dict[str, float | None]:
+    if mean is None or quantiles is None:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = quantiles
+    return {"mean": float(mean), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+# -- per unit ------------------------------------------------------------------------------------------------
+def unit_balance(db: Db, *, start_ns: int | None = None, end_ns: int | None = None) -> list[dict[str, Any]]:
+    """One dict per (node, unit) over the steps that started in the window, with the keys of
+    ``agent.report.UnitStats.as_dict`` (``steps_by_mode`` aside) plus ``node_id``, ``busy_s`` and ``policies``.
+
+    ``busy_fraction`` is busy time over the window's length (without both bounds: the node's span of steps).
+    """
+    con, owned = _open(db)
+    params: list[Any] = []
+    where = _window("time_ns", start_ns, end_ns, params)
+    try:
+        cur = con.execute(f"""
+            SELECT node_id, unit_id,
+                count(*) AS steps,
+                sum(measured_ns) AS busy_ns,
+                min(min(time_ns)) OVER (PARTITION BY node_id) AS node_first_ns,
+                max(max(time_ns + measured_ns)) OVER (PARTITION BY node_id) AS node_last_ns,
+                sum(num_prefill_reqs + num_decode_reqs) AS batch_sum,
+                sum(num_prefill_tokens) AS prefill_tokens,
+                sum(num_decode_tokens) AS decode_tokens,
+                sum(CASE WHEN num_blocks > 0 THEN kv_used_blocks / num_blocks ELSE 0 END * measured_ns)
+                    AS kv_weighted_ns,
+                max(CASE WHEN num_blocks > 0 THEN kv_used_blocks / num_blocks ELSE 0 END) AS kv_usage_max,
+                sum(num_preempted) AS preemptions,
+                sum(num_finished) AS completed,
+                sum(CASE WHEN measured_ns > 0 THEN abs(predicted_ns - measured_ns) / measured_ns ELSE 0 END)
+                    AS pred_abs_err,
+                list(DISTINCT policy ORDER BY policy) AS policies
+            FROM steps WHERE {where}
+            GROUP BY node_id, unit_id ORDER BY node_id, unit_id
+        """, params)
+        rows = _dicts(cur)
+    finally:
+        if owned:
+            con.close()
+    out = []
+    for r in rows:
+        steps, busy_ns = r["steps"], int(r["busy_ns"])
+        window_ns = end_ns - start_ns if start_ns is not None and end_ns is not None else (
+            r["node_last_ns"] - r["node_first_ns"]
+        )
+        out.append({
+            "node_id": r["node_id"],
+            "unit_id": r["unit_id"],
+            "steps": steps,
+            "busy_s": busy_ns / 1e9,
+            "busy_fraction": busy_ns / window_ns if window_ns > 0 else 0.0,
+            "mean_batch_size": r["batch_sum"] / steps,
+            "mean_step_ms": busy_ns / steps / 1e6,
+            "kv_usage_mean": r["kv_weighted_ns"] / busy_ns if busy_ns > 0 else 0.0,
+            "kv_usage_max": float(r["kv_usage_max"]),
+            "prefill_tokens": int(r["prefill_tokens"]),
+            "decode_tokens": int(r["decode_tokens"]),
+            "preemptions": int(r["preemptions"]),
+            "completed": int(r["completed"]),
+            "step_model_mape": r["pred_abs_err"] / steps,
+            "policies": list(r["policies"]),
+        })
+    return out
+
+
+# -- arbitrary SQL, export -----------------------------------------------------------------------------------
+def sql(db: Db, text: str) -> SqlResult:
+    """Run one read-only statement (SELECT, including DESCRIBE/SHOW/SUMMARIZE, or EXPLAIN): its columns and
+    rows. Raises :class:`StoreQueryError` with DuckDB's first line for anything DuckDB refuses."""
+    con, owned = _open(db)
+    try:
+        try:
+            statements = con.extract_statements(text)
+            if len(statements) != 1:
+                raise StoreQueryError(f"expected one SQL statement, got {len(statements)}")
+            kind = statements[0].type
+            if kind not in READ_ONLY_STATEMENTS:
+                raise StoreQueryError(f"only read-only queries (SELECT, EXPLAIN) are allowed, not {kind.name}")
+            cur = con.execute(text)
+            return SqlResult(tuple(d[0] for d in cur.description or ()), cur.fetchall())
+        except duckdb.Error as exc:
+            raise StoreQueryError(_one_line(exc)) from None
+    finally:
+        if owned:
+            con.close()
+
+
+def export_parquet(db: Db, directory: str | Path) -> list[Path]:
+    """Write every event table to ``directory/<table>.parquet`` (created if missing); the files written."""
+    out_dir = Path(directory)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
+    con, owned = _open(db)
+    paths = []
+    try:
+        for table in TABLES:
+            path = out_dir / f"{table}.parquet"
+            quoted = str(path).replace("'", "''")
+            try:
+                con.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
+            except duckdb.Error as exc:
+                raise StoreError(f"cannot export {table} to {path}: {_one_line(exc)}") from None
+            paths.append(path)
+    finally:
+        if owned:
+            con.close()
+    return paths
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    head = lines[0] if lines else type(exc).__name__
+    for line in lines[1:]:  # "LINE 1: selec 1": where the parser stopped
+        if line.startswith("LINE "):
+            return f"{head} ({line})"
+    return head
