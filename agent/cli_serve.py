@@ -273,7 +273,7 @@ def _params(params: dict[str, Any]) -> str:
 class EventWriter(Protocol):
     def write(self, events: Sequence[Event]) -> None: ...
     def flush(self) -> None: ...
-    def last_seq(self, node_id: str) -> int: ...
+    def last_seq(self, node_id: str, boot_ns: int | None = None) -> int: ...
     def close(self) -> None: ...
 
 
@@ -302,12 +302,14 @@ async def record(
     queue: asyncio.Queue[Event] = asyncio.Queue(50_000)
 
     def resume_from(hello: NodeHello) -> int:
-        return writer.last_seq(hello.node_id)
+        # Sequence numbers restart with every agent run: resume within the run this hello announces.
+        return writer.last_seq(hello.node_id, hello.boot_ns)
 
     async def follow(uri: str) -> None:
         async for event in stream(uri, resume_after_seq=resume_from):
             if isinstance(event, NodeHello):
                 print(f"trackside record: {uri}: node {event.node_id}", file=sys.stderr)
+                await queue.put(event)  # the store starts (or continues) this run's rows at its hello
             elif event.seq:
                 await queue.put(event)
             else:

@@ -134,9 +134,11 @@ class StoreWriter:
         self._require()
         self._commit()
 
-    def last_seq(self, node_id: str) -> int:
-        """The highest committed ``seq`` of the node's current run (the latest hello's), 0 if none."""
-        return self._committed.get((node_id, self._run_of.get(node_id, 0)), 0)
+    def last_seq(self, node_id: str, boot_ns: int | None = None) -> int:
+        """The highest committed ``seq`` of one run of the node, 0 if none: the run that started at
+        ``boot_ns`` (a hello's), or by default the node's current run (the latest hello's)."""
+        run = self._run_of.get(node_id, 0) if boot_ns is None else boot_ns
+        return self._committed.get((node_id, run), 0)
 
     def close(self) -> None:
         """Flush and close (idempotent). The connection is closed even when the last commit fails."""

@@ -10,7 +10,7 @@ import pytest
 from serve_harness import TOKEN, free_port, make_hub, make_server, run, wait_for
 
 from agent.cli_serve import main, record
-from agent.protocol import ControlAudit, Event, RequestFinished
+from agent.protocol import ControlAudit, Event, NodeHello, RequestFinished
 from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES
 
 
@@ -112,8 +112,8 @@ class FakeWriter:
     def flush(self) -> None:
         self.num_flushes += 1
 
-    def last_seq(self, node_id: str) -> int:
-        assert node_id == "test-node"
+    def last_seq(self, node_id: str, boot_ns: int | None = None) -> int:
+        assert node_id == "test-node" and boot_ns is not None
         return self.start
 
     def close(self) -> None:
@@ -142,6 +142,7 @@ def test_record_resumes_from_the_store_and_writes_every_event(tmp_path: Path) ->
 
     run(go)
     writer = writers[0]
-    seqs = [e.seq for e in writer.events]
+    assert isinstance(writer.events[0], NodeHello), "the run's hello is stored first"
+    seqs = [e.seq for e in writer.events if not isinstance(e, NodeHello)]
     assert seqs == list(range(101, seqs[-1] + 1)), "resumed after the store's last seq, without gaps"
     assert writer.closed and writer.num_flushes >= 2

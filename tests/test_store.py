@@ -215,6 +215,13 @@ def test_a_restarted_agent_starts_a_new_run_with_its_own_positions(tmp_path: Pat
         reopened.write([step(i) for i in range(3, 8)])  # belongs to the latest run
         reopened.flush()
         assert reopened.last_seq(NODE) == 7 and count(con, "steps") == 27
+        # The recorder asks by run: the old run's position is still known, a new run starts at 0.
+        assert reopened.last_seq(NODE, T0) == 20 and reopened.last_seq(NODE, T0 + 10**12) == 7
+        assert reopened.last_seq(NODE, T0 + 2 * 10**12) == 0
+        # A hello seen again on a reconnect does not add a run.
+        reopened.write([hello(boot_ns=T0 + 10**12)])
+        reopened.flush()
+        assert count(con, "nodes") == 2 and reopened.last_seq(NODE) == 7
 
 
 def finished(seq: int, unit_id: int, node: str = NODE) -> RequestFinished:
