@@ -85,6 +85,8 @@ def add_serve_commands(sub: Any) -> None:
     agent.add_argument("--speed", type=float, default=1.0, help="node seconds per real second (default 1)")
     agent.add_argument("--node-id", default=socket.gethostname())
     agent.add_argument("--replay-events", type=int, default=65536, help="events kept for resumes")
+    agent.add_argument("--slack-sample-ms", type=float, default=250.0, metavar="MS",
+                       help="node time between slack samples of the running requests (default 250, 0: off)")
     agent.add_argument("--tls-cert", type=Path)
     agent.add_argument("--tls-key", type=Path)
 
@@ -149,6 +151,8 @@ def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
 def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
     if args.units < 1 or args.speed <= 0:
         raise ServeError("--units must be >= 1 and --speed > 0")
+    if not args.slack_sample_ms >= 0:
+        raise ServeError("--slack-sample-ms must be >= 0 (0: no slack samples)")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ServeError("--tls-cert and --tls-key go together")
     host, port = parse_listen(args.listen)
@@ -158,7 +162,8 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
                          dispatch=args.dispatch, params=parse_assignments(args.param), ttft_slo_ms=args.slo_ttft_ms,
                          tpot_slo_ms=args.slo_tpot_ms, seed=args.seed)
     node = make_node(config, requests)
-    hub = Hub(node, node_id=args.node_id, profile=args.profile, token=token, replay_capacity=args.replay_events)
+    hub = Hub(node, node_id=args.node_id, profile=args.profile, token=token, replay_capacity=args.replay_events,
+              slack_sample_ms=args.slack_sample_ms)
     tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
     if not token:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)

@@ -10,8 +10,9 @@ between two steps.
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.control import AuditRecord, NodeControl
@@ -57,10 +58,14 @@ from agent.wire import (
     Subscription,
     policy_schemas,
     request_finished,
+    request_preempted,
+    slack_sample,
     step_event,
     token_matches,
+    unit_load_event,
 )
 from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES
+from policies.types import DispatchDecision, UnitLoad
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +85,12 @@ class Hub:
         replay_capacity: int = 65536,
         max_queued: int = 4096,
         get_time_ns: Callable[[], int] = time.time_ns,
+        slack_sample_ms: float = 250.0,
+        slack_max_requests: int = 64,
+        unit_load_min_interval_ms: float = 0.0,
     ) -> None:
+        if not (slack_sample_ms >= 0 and unit_load_min_interval_ms >= 0 and slack_max_requests >= 1):
+            raise ValueError("slack_sample_ms and unit_load_min_interval_ms must be >= 0, slack_max_requests >= 1")
         self.node = node
         self.node_id = node_id
         self.profile = profile
@@ -99,6 +109,15 @@ class Hub:
         """Events dropped for subscriptions that have since closed."""
         self._batch_policies = policy_schemas(BATCH_POLICIES.values())
         self._dispatch_policies = policy_schemas(DISPATCH_POLICIES.values())
+        self.slack_sample_ms = slack_sample_ms
+        """Node time between two slack samples (0: none). A sample is taken at the first step end at or after
+        each multiple of the period, so none is taken while no unit steps."""
+        self.slack_max_requests = slack_max_requests
+        """Requests per unit and sample at most (those with the least slack)."""
+        self.unit_load_min_interval_ms = unit_load_min_interval_ms
+        """Node time between two ``unit_load`` events of one unit at least (0: one per unit and decision)."""
+        self._next_sample_s = 0.0
+        self._last_load_s: dict[int, float] = {}
 
     @property
     def control_enabled(self) -> bool:
@@ -106,14 +125,43 @@ class Hub:
 
     # -- the node's hooks ---------------------------------------------------------------------------------
     def attach(self) -> None:
-        """Route the node's step, finish and request hooks into the stream (replacing any set before)."""
+        """Route the node's step, finish, request, dispatch and preemption hooks into the stream (replacing any
+        set before)."""
         self.node.on_step = self._on_step
         self.node.on_finish = self._on_finish
         self.node.on_request = self._on_request
+        self.node.on_dispatch = self._on_dispatch
+        self.node.on_preempt = self._on_preempt
 
     def _on_step(self, record: StepRecord) -> None:
         self.metrics.observe_step(record)
         self.publish(step_event(record, self.origin))
+        if self.slack_sample_ms and self.node.now_s >= self._next_sample_s:
+            self._sample_slack()
+
+    def _sample_slack(self) -> None:
+        """One ``slack_sample`` per unit (empty for a unit running nothing), at the node's current time."""
+        now_s = self.node.now_s
+        period_s = self.slack_sample_ms / 1e3
+        self._next_sample_s = (math.floor(now_s / period_s) + 1) * period_s
+        for unit in self.node.units:
+            self.publish(slack_sample(unit.unit_id, unit.running_views(), self.origin, now_s,
+                                      sample_period_ms=self.slack_sample_ms, max_requests=self.slack_max_requests))
+
+    def _on_dispatch(self, dispatch_id: int, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
+        now_s = self.node.now_s
+        min_s = self.unit_load_min_interval_ms / 1e3
+        for load in loads:
+            if min_s:
+                last = self._last_load_s.get(load.unit_id)
+                if last is not None and now_s - last < min_s:
+                    continue
+                self._last_load_s[load.unit_id] = now_s
+            self.publish(unit_load_event(load, self.origin, now_s, dispatch_id))
+
+    def _on_preempt(self, record: StepRecord, request_ids: tuple[str, ...]) -> None:
+        for rid in request_ids:
+            self.publish(request_preempted(record, rid, self.origin))
 
     def _on_finish(self, outcome: RequestOutcome) -> None:
         self.metrics.observe_outcome(outcome)

@@ -20,7 +20,7 @@ from agent.engine.base import Engine, RequestOutcome, StepRecord, SubmittedReque
 from agent.gc_control import GcController
 from agent.workload.types import RequestSpec
 from policies.base import DispatchPolicy
-from policies.types import PendingRequest
+from policies.types import DispatchDecision, PendingRequest, UnitLoad
 
 # Event kinds, in the order they are processed when they share a time: step ends first, then dispatcher
 # wake-ups, then arrivals, then step starts (so that every request arriving at an instant can join the step
@@ -32,6 +32,13 @@ _START = 2
 RequestEventKind = Literal["arrived", "dispatched", "refused", "first_token"]
 """What :attr:`Node.on_request` reports: a request arrived, was placed on a unit, was refused (by the dispatcher
 or a unit's admission control; ``RequestState.refused_by`` tells which), or produced its first token."""
+
+DispatchHook = Callable[[int, Sequence[UnitLoad], DispatchDecision], None]
+"""``on_dispatch(dispatch_id, loads, decision)``: the dispatcher's decision number ``dispatch_id`` (from 1), the
+loads it was shown (one per unit, in unit order; units not ``active`` appear unhealthy) and what it decided."""
+PreemptHook = Callable[[StepRecord, tuple[str, ...]], None]
+"""``on_preempt(record, request_ids)``: the step ``record`` preempted ``request_ids`` (when it was planned, at
+``record.start_s``; the node learns it at the step's end, after ``on_step``)."""
 
 
 @dataclass(slots=True)
@@ -64,6 +71,8 @@ class Node:
         on_step: Callable[[StepRecord], None] | None = None,
         on_finish: Callable[[RequestOutcome], None] | None = None,
         on_request: Callable[[RequestEventKind, RequestState], None] | None = None,
+        on_dispatch: DispatchHook | None = None,
+        on_preempt: PreemptHook | None = None,
     ) -> None:
         if not units:
             raise ValueError("a node needs at least one unit")
@@ -80,6 +89,12 @@ class Node:
         self.on_finish = on_finish
         self.on_request = on_request
         """Optional lifecycle hook (telemetry), called at ``now_s`` with the request's state."""
+        self.on_dispatch = on_dispatch
+        """Optional hook (telemetry) called at every dispatch decision, before it is applied."""
+        self.on_preempt = on_preempt
+        """Optional hook (telemetry) called at the end of a step that preempted requests."""
+        self.num_dispatches = 0
+        """Dispatch decisions taken so far (the last one's ``dispatch_id``)."""
         self.states: dict[str, RequestState] = {}
         self.pending: dict[str, None] = {}
         """Requests at the dispatcher, in arrival order (a dict as an ordered set)."""
@@ -191,6 +206,9 @@ class Node:
             for i, u in enumerate(self.units)
         ]
         decision = self.dispatcher.dispatch(views, loads, now)
+        self.num_dispatches += 1
+        if self.on_dispatch is not None:
+            self.on_dispatch(self.num_dispatches, loads, decision)
         placed: set[str] = set()
         by_id = {u.unit_id: i for i, u in enumerate(self.units)}
         for rid, unit_id in decision.assignments:
@@ -253,6 +271,8 @@ class Node:
         result = unit.end_step(self.now_s)
         if self.on_step is not None:
             self.on_step(result.record)
+        if result.preempted and self.on_preempt is not None:
+            self.on_preempt(result.record, result.preempted)
         if self.on_request is not None:
             for rid in result.first_tokens:
                 self.on_request("first_token", self.states[rid])

@@ -13,6 +13,7 @@ engines.
 
 from __future__ import annotations
 
+import heapq
 import hmac
 import math
 import time
@@ -43,13 +44,16 @@ from agent.protocol import (
     ProtocolError,
     RequestFinished,
     RequestMigrated,
+    RequestPreempted,
+    SlackPoint,
+    SlackSample,
     StepEvent,
     Subscribe,
     UnitLoadEvent,
 )
 from policies.base import BatchPolicy, DispatchPolicy
 from policies.params import ParamSpec
-from policies.types import ReasonValue, UnitLoad
+from policies.types import ReasonValue, RequestView, UnitLoad
 
 E = TypeVar("E", bound=EventBase)
 
@@ -417,6 +421,37 @@ def unit_load_event(load: UnitLoad, origin: NodeOrigin, now_s: float, dispatch_i
         last_step_ns=None if load.last_step_s is None else _ns(load.last_step_s),
         mean_step_ns=None if load.mean_step_s is None else _ns(load.mean_step_s),
     )
+
+
+def request_preempted(record: StepRecord, request_id: str, origin: NodeOrigin) -> RequestPreempted:
+    """``request_id`` lost its KV in the step ``record``, when the step was planned (its start)."""
+    return RequestPreempted(node_id=origin.node_id, time_ns=origin.ns(record.start_s), request_id=request_id,
+                            unit_id=record.unit_id, step_id=record.step_index)
+
+
+def slack_sample(
+    unit_id: int, running: Iterable[RequestView], origin: NodeOrigin, now_s: float, *, sample_period_ms: float,
+    max_requests: int,
+) -> SlackSample:
+    """One unit's running requests at node time ``now_s``, least slack first, at most ``max_requests`` of them.
+
+    A request's deadline is its next output token's: ``arrival + ttft_slo + tpot_slo * output_tokens``
+    (:meth:`RequestView.token_deadline_s`); its slack is that deadline minus ``now_s``.
+    """
+    timed = [(v.token_deadline_s(v.output_tokens), v) for v in running]
+    chosen = (heapq.nsmallest(max_requests, timed, key=_first) if len(timed) > max_requests
+              else sorted(timed, key=_first))
+    points = tuple(
+        SlackPoint(request_id=v.request_id, deadline_ns=origin.ns(deadline_s), slack_ms=(deadline_s - now_s) * 1e3,
+                   output_tokens=v.output_tokens, computed_tokens=v.computed_tokens)
+        for deadline_s, v in chosen
+    )
+    return SlackSample(node_id=origin.node_id, time_ns=origin.ns(now_s), unit_id=unit_id,
+                       sample_period_ms=sample_period_ms, requests=points)
+
+
+def _first(pair: tuple[float, RequestView]) -> float:
+    return pair[0]
 
 
 def param_schema(spec: ParamSpec) -> ParamSchema:

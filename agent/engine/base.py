@@ -14,7 +14,7 @@ from typing import Protocol
 
 from policies.base import BatchPolicy
 from policies.cost.step_model import StepCoefficients
-from policies.types import ReasonValue, StepMode, UnitLoad
+from policies.types import ReasonValue, RequestView, StepMode, UnitLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +128,10 @@ class Engine(Protocol):
     def end_step(self, now_s: float) -> StepResult: ...
 
     def load(self) -> UnitLoad: ...
+
+    def running_views(self) -> tuple[RequestView, ...]:
+        """The running requests (admitted, holding KV) as policies see them, in the unit's running order."""
+        ...
 
     def set_policy(self, policy: BatchPolicy) -> None: ...
 

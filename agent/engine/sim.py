@@ -188,6 +188,10 @@ class SimUnit:
             mixed_interference=self.mixed_interference,
         )
 
+    def running_views(self) -> tuple[RequestView, ...]:
+        """The running requests as policies see them (cached views: cheap between steps)."""
+        return tuple(r.view() for r in self.running)
+
     def load(self) -> UnitLoad:
         kv_tokens = sum(r.computed for r in self.running)
         return UnitLoad(
