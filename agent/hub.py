@@ -195,8 +195,11 @@ class Hub:
 
     # -- the stream -----------------------------------------------------------------------------------------
     def publish(self, event: Event) -> None:
-        """Number ``event``, keep it for resumes and offer it to every subscription (never blocks)."""
-        stamped = self.sequencer.stamp(event)
+        """Number ``event``, keep it for resumes and offer it to every subscription (never blocks).
+
+        ``event`` must be freshly built (every caller converts a record just before): it is numbered in place.
+        """
+        stamped = self.sequencer.stamp_new(event)
         self.replay.append(stamped)
         for sub, notify in self.subscriptions.items():
             if sub.offer(stamped):

@@ -76,6 +76,16 @@ class Sequencer:
         self._next += 1
         return msgspec.structs.replace(event, seq=seq)
 
+    def stamp_new(self, event: E) -> E:
+        """``event`` itself, given the next sequence number in place (no copy of its fields).
+
+        Only for an event the caller has just built and not shared yet: frozen structs are otherwise never
+        mutated. The hub's per-step path uses it; copying a step event cost a quarter of that path.
+        """
+        msgspec.structs.force_setattr(event, "seq", self._next)
+        self._next += 1
+        return event
+
 
 @dataclass(frozen=True, slots=True)
 class Replay:

@@ -358,3 +358,12 @@ def test_token_check_uses_compare_digest(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr(hmac, "compare_digest", spy)
     assert token_matches("a", "a") and next(calls) == 1
+
+
+def test_stamp_new_numbers_in_place_and_continues_the_sequence() -> None:
+    sequencer = Sequencer()
+    first = sequencer.stamp(step())
+    fresh = step()
+    second = sequencer.stamp_new(fresh)
+    assert second is fresh and (first.seq, second.seq) == (1, 2)
+    assert sequencer.stamp(step()).seq == 3 and sequencer.last_seq == 3
