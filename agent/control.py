@@ -120,9 +120,7 @@ class NodeControl:
         except (UnknownPolicyError, ParamError) as exc:
             return self._record("set_dispatch_policy", who, (), old, {"policy": name, "params": params}, exc)
         if not dry_run:
-            self.node.dispatcher = fresh
-            if self.node.pending:
-                self.node._dispatch()
+            self.node.set_dispatcher(fresh)
         return self._record(
             "set_dispatch_policy", who, (), old, {"policy": name, "params": dict(fresh.params)}, None, dry_run
         )

@@ -305,6 +305,12 @@ class Node:
             self._dispatch()
         return old
 
+    def set_dispatcher(self, dispatcher: DispatchPolicy) -> None:
+        """Replace the dispatch policy; requests waiting at the dispatcher are offered to the new one now."""
+        self.dispatcher = dispatcher
+        if self.pending:
+            self._dispatch()
+
     def unit_index(self, unit_id: int) -> int:
         for i, u in enumerate(self.units):
             if u.unit_id == unit_id:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from serve_harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "agent.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 EVENT_TABLES = ("steps", "requests", "request_events", "unit_loads", "audits", "alerts", "stage_boundaries")

@@ -28,8 +28,9 @@ from collections.abc import Callable
 from agent.engine.base import RequestOutcome, StepRecord, StepResult, SubmittedRequest
 from agent.engine.timing import StepTimer
 from policies.base import BatchPolicy
+from policies.batch.common import mode_of
 from policies.cost.step_model import StepCoefficients
-from policies.types import RequestView, StepFeedback, StepMode, StepPlan, UnitLoad, UnitView
+from policies.types import RequestView, StepFeedback, StepPlan, UnitLoad, UnitView
 
 
 class PlanError(RuntimeError):
@@ -374,7 +375,7 @@ class SimUnit:
             )
         measured = now_s - start_s
         self.cost_model.update(new, ctx, measured)
-        mode = _mode(pre_tok, dec_tok)
+        mode = mode_of(dec_tok > 0, pre_tok > 0)
         self.policy.observe_step(
             StepFeedback(
                 mode, pre_tok, dec_tok, ctx, len(scheduled), measured, predicted, len(finished),
@@ -417,16 +418,6 @@ def _outstanding_prefill(req: _Req) -> int:
     """Tokens ``req`` must still prefill (or recompute) before it decodes; 0 in decode state."""
     pending = req.num_tokens - req.computed
     return 0 if (req.output > 0 and pending == 1) else pending
-
-
-def _mode(prefill_tokens: int, decode_tokens: int) -> StepMode:
-    if prefill_tokens and decode_tokens:
-        return StepMode.MIXED
-    if decode_tokens:
-        return StepMode.DECODE
-    if prefill_tokens:
-        return StepMode.PREFILL
-    return StepMode.IDLE
 
 
 __all__ = ["CostModel", "FixedCostModel", "PlanError", "SimUnit"]

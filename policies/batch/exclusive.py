@@ -125,6 +125,11 @@ class ExclusiveBatching(BatchPolicy):
             return self.theta_fixed
         return self.theta_star if self.theta_star is not None else self.theta_init
 
+    def refresh_if_due(self, unit: UnitView) -> None:
+        """Recompute the window-derived quantities when enough requests finished since the last time."""
+        if self._dirty or self.estimator is None:
+            self._refresh(unit)
+
     def _refresh(self, unit: UnitView) -> None:
         """Recompute theta*, N_safe and the KV reserve from the window (every ``update_every`` completions)."""
         self._dirty = False
@@ -170,8 +175,7 @@ class ExclusiveBatching(BatchPolicy):
 
     # -- the step --------------------------------------------------------------------------------------
     def plan(self, unit: UnitView, now_s: float) -> StepPlan:
-        if self._dirty or self.estimator is None:
-            self._refresh(unit)
+        self.refresh_if_due(unit)
         n_slots = self._slots(unit)
         theta = self.theta
         decodes: list[RequestView] = []

@@ -58,9 +58,10 @@ import math
 from typing import ClassVar
 
 from policies.base import BatchPolicy
+from policies.batch.common import mode_of
 from policies.cost.step_model import StepCoefficients
 from policies.params import ParamSpec
-from policies.types import ReasonValue, ScheduledTokens, StepFeedback, StepMode, StepPlan, UnitView
+from policies.types import ReasonValue, ScheduledTokens, StepFeedback, StepPlan, UnitView
 
 
 class FairBatching(BatchPolicy):
@@ -333,7 +334,7 @@ class FairBatching(BatchPolicy):
             reasons["held_back_min_slack_ms"] = round(held_min_slack * 1e3, 3)
         return StepPlan(
             entries=tuple(running_entries), running_order=tuple(running_order),
-            mode=_mode(decodes, prefill_chunks), token_budget=cap, reasons=reasons,
+            mode=mode_of(decodes > 0, prefill_chunks > 0), token_budget=cap, reasons=reasons,
         )
 
     def _update_pab(
@@ -361,12 +362,3 @@ class FairBatchingPab(FairBatching):
     summary: ClassVar[str] = "FairBatching with admission control: refuse prompts above the admission budget"
     refuses_over_budget: ClassVar[bool] = True
 
-
-def _mode(decodes: int, prefill_chunks: int) -> StepMode:
-    if decodes and prefill_chunks:
-        return StepMode.MIXED
-    if decodes:
-        return StepMode.DECODE
-    if prefill_chunks:
-        return StepMode.PREFILL
-    return StepMode.IDLE

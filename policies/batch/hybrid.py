@@ -121,8 +121,7 @@ class HybridEB(BatchPolicy):
     def plan(self, unit: UnitView, now_s: float) -> StepPlan:
         n_run = float(len(unit.running) + min(len(unit.waiting), unit.max_num_seqs - len(unit.running)))
         self._n_eff = n_run if self._n_eff is None else self._n_eff + self.ema * (n_run - self._n_eff)
-        if self.eb.estimator is None or self.eb._dirty:
-            self.eb._refresh(unit)
+        self.eb.refresh_if_due(unit)
         assert self.eb.estimator is not None
         costs = self.eb.estimator.costs()
         rho = self.rho
