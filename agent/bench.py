@@ -15,12 +15,41 @@ from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.profiles import Profile, load_profile
 from agent.engine.sim import FixedCostModel, SimUnit
 from agent.engine.timing import StepTimer
-from agent.node import Node
-from agent.report import UnitStats, offered_rps, summarize
+from agent.node import MigrationConfig, MigrationRecord, Node
+from agent.report import ClusterStats, UnitStats, offered_rps, summarize
 from agent.workload.types import RequestSpec
 from policies.cost.fit import OnlineStepModel
 from policies.params import ParamError, ParamValue
 from policies.registry import batch_policy_class, dispatch_policy_class, make_batch_policy, make_dispatch_policy
+from policies.types import DispatchDecision, UnitLoad
+
+KV_BYTES_PER_TOKEN = {"Llama-3.1-8B": 131_072, "Llama-3.2-1B": 32_768}
+"""bf16 KV bytes per token from the models' configs: layers x KV heads x head dim x 2 (K and V) x 2 bytes
+(8B: 32 x 8 x 128; 1B: 16 x 8 x 64)."""
+
+TOPOLOGIES = ("colocated", "disaggregated")
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Unit ``unit_id`` fails at ``at_s`` (node time) and, unless ``down_s`` is None, comes back after it."""
+
+    unit_id: int
+    at_s: float
+    down_s: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        """``UNIT@SECONDS`` or ``UNIT@SECONDS+DOWN_SECONDS`` (e.g. ``2@30+10``)."""
+        unit, at, rest = text.partition("@")
+        when, plus, down = rest.partition("+")
+        try:
+            fault = cls(int(unit), float(when), float(down) if plus else None)
+        except ValueError:
+            raise ValueError(f"a fault is UNIT@SECONDS[+DOWN_SECONDS], e.g. 2@30+10 (got {text!r})") from None
+        if not at or fault.unit_id < 0 or fault.at_s < 0 or (fault.down_s is not None and fault.down_s <= 0):
+            raise ValueError(f"a fault is UNIT@SECONDS[+DOWN_SECONDS] with times >= 0 (got {text!r})")
+        return fault
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +72,24 @@ class BenchConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     num_gpu_blocks: int | None = None
+    topology: str = "colocated"
+    prefill_units: int | None = None
+    """Disaggregated: units in the prefill pool (default half, at least one); the rest decode."""
+    lockstep: bool = False
+    migration: str = "live"
+    kv_bandwidth_gb_s: float = 50.0
+    faults: tuple[Fault, ...] = ()
+
+    def roles(self) -> list[str]:
+        """Each unit's role in this topology."""
+        if self.topology == "colocated":
+            return ["mixed"] * self.units
+        if self.topology != "disaggregated":
+            raise ValueError(f"unknown topology {self.topology!r} ({', '.join(TOPOLOGIES)})")
+        n_pre = self.prefill_units if self.prefill_units is not None else max(1, self.units // 2)
+        if not 1 <= n_pre < self.units:
+            raise ValueError(f"disaggregated: {n_pre} prefill units of {self.units}; need 1..{self.units - 1}")
+        return ["prefill"] * n_pre + ["decode"] * (self.units - n_pre)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -51,7 +98,10 @@ class BenchConfig:
             "slo_tpot_ms": self.tpot_slo_ms, "seed": self.seed, "time_scale": self.time_scale,
             "noise": self.noise, "heterogeneity": self.heterogeneity, "online_fit": self.online_fit,
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-            "num_gpu_blocks": self.num_gpu_blocks,
+            "num_gpu_blocks": self.num_gpu_blocks, "topology": self.topology,
+            "prefill_units": self.prefill_units, "lockstep": self.lockstep, "migration": self.migration,
+            "kv_bandwidth_gb_s": self.kv_bandwidth_gb_s,
+            "faults": [{"unit": f.unit_id, "at_s": f.at_s, "down_s": f.down_s} for f in self.faults],
         }
 
 
@@ -67,6 +117,8 @@ class RunResult:
     """Offered load of the (scaled) workload, requests per second over its arrival span."""
     refused: int = 0
     """Requests refused by a unit's admission control (included in ``summary["rejected"]``)."""
+    cluster: dict[str, Any] = field(default_factory=dict)
+    """Balance across units, prefill chunk utilization, migrations, flow control, faults, stage boundaries."""
 
     def as_run(self) -> dict[str, Any]:
         """One entry of the JSON ``runs`` list."""
@@ -78,6 +130,7 @@ class RunResult:
             "offered_rps": self.offered_rps,
             "refused": self.refused,
             "summary": self.summary,
+            "cluster": self.cluster,
             "units": self.units,
         }
 
@@ -134,7 +187,7 @@ def build_units(
 ) -> list[SimUnit]:
     """``config.units`` fresh simulated units with their own policy instances and cost models."""
     units = []
-    for k in range(config.units):
+    for k, role in enumerate(config.roles()):
         timer = StepTimer(
             profile.coefficients,
             noise_sigma=profile.noise_sigma if config.noise else 0.0,
@@ -164,6 +217,7 @@ def build_units(
                 cost_model=cost,
                 on_step=on_step,
                 mixed_interference=profile.interference_kappa,
+                role=role,
             )
         )
     return units
@@ -187,27 +241,52 @@ def run_once(
     too_long = [r for r in requests if r.prompt_tokens >= profile.max_model_len]
     runnable = [r for r in requests if r.prompt_tokens < profile.max_model_len]
     stats = [UnitStats(k) for k in range(config.units)]
+    roles = config.roles()
+    cluster = ClusterStats(config.units, profile.block_size, [k for k, r in enumerate(roles) if r != "prefill"])
 
     def record(rec: StepRecord) -> None:
         stats[rec.unit_id].add(rec)
+        cluster.add(rec)
         if on_step is not None:
             on_step(rec)
+
+    def on_dispatch(_: int, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
+        cluster.add_decision(node.now_s, decision)
+
+    def on_migrate(m: MigrationRecord) -> None:
+        cluster.add_migration(m.reason, m.mechanism)
 
     units = build_units(config, profile, batch_params)
     dispatcher = make_dispatch_policy(config.dispatch, dispatch_params)
     outcomes: list[RequestOutcome] = []
+    link = MigrationConfig(
+        "recompute" if config.migration == "recompute" else "live",
+        kv_bytes_per_token=KV_BYTES_PER_TOKEN.get(profile.model, 131_072),
+        bandwidth_gb_s=config.kv_bandwidth_gb_s,
+    )
     node = Node(
         units, dispatcher, runnable, ttft_slo_s=config.ttft_slo_ms / 1e3, tpot_slo_s=config.tpot_slo_ms / 1e3,
-        on_step=record, on_finish=outcomes.append,
+        on_step=record, on_finish=outcomes.append, on_dispatch=on_dispatch, on_migrate=on_migrate,
+        lockstep=config.lockstep, migration=link,
     )
     total = len(requests)
     last_arrival = max((r.arrival_s for r in runnable), default=0.0)
     chunk = max(last_arrival / 400.0, 0.25)
+    faults = _fault_events(config.faults, config.units)
     while True:
         t = node.next_event_s()
-        if t is None:
+        if t is None and not faults:
             break
-        node.advance(t + chunk)
+        until = t + chunk if t is not None else faults[0][0]
+        if faults and faults[0][0] <= until:
+            at, kind, unit_id = faults.pop(0)
+            node.advance(at)
+            if kind == "fail":
+                node.fail_unit(unit_id)
+            else:
+                node.recover_unit(unit_id)
+            continue
+        node.advance(until)
         if progress is not None:
             progress(node.num_finished + node.num_rejected + len(too_long), total)
     # ``advance`` moves the node clock to the end of its window: the run ends at the last finish.
@@ -224,4 +303,22 @@ def run_once(
         dispatch_params=dict(dispatcher.params),
         offered_rps=offered_rps([r.arrival_s for r in requests]),
         refused=node.num_refused,
+        cluster={
+            **cluster.as_dict(max_num_batched_tokens=units[0].max_num_batched_tokens),
+            "migrations_skipped": node.num_migrations_skipped,
+            "faults": node.num_faults,
+        },
     )
+
+
+def _fault_events(faults: Sequence[Fault], num_units: int) -> list[tuple[float, str, int]]:
+    """Fail and recover events in time order (a recovery before a failure of the same unit at one time)."""
+    events: list[tuple[float, str, int]] = []
+    for f in faults:
+        if f.unit_id >= num_units:
+            raise ValueError(f"fault on unit {f.unit_id}: there are {num_units} units")
+        events.append((f.at_s, "fail", f.unit_id))
+        if f.down_s is not None:
+            events.append((f.at_s + f.down_s, "recover", f.unit_id))
+    events.sort(key=lambda e: (e[0], e[1] == "fail"))
+    return events

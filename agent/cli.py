@@ -18,11 +18,12 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agent.bench import BenchConfig, RunResult, run_once, scale_arrivals
+from agent.bench import TOPOLOGIES, BenchConfig, Fault, RunResult, run_once, scale_arrivals
 from agent.cli_render import (
     policies_json,
     policies_text,
     profiles_table,
+    render_cluster,
     render_peaks,
     render_runs,
     render_units,
@@ -114,6 +115,29 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-num-seqs", type=int, help="override the profile's max_num_seqs")
     bench.add_argument("--max-num-batched-tokens", type=int, help="override the profile's token budget cap")
     bench.add_argument("--kv-blocks", type=int, help="override the profile's KV capacity (blocks)")
+    bench.add_argument(
+        "--topology", choices=TOPOLOGIES, default="colocated",
+        help="colocated: every unit prefills and decodes (default); disaggregated: prefill units hand requests "
+        "with their KV to decode units",
+    )
+    bench.add_argument("--prefill-units", type=int, help="disaggregated: units in the prefill pool (default half)")
+    bench.add_argument(
+        "--lockstep", action="store_true",
+        help="DP+EP: all units step together and a step lasts as long as the slowest unit's",
+    )
+    bench.add_argument(
+        "--migration", choices=("live", "recompute"), default="live",
+        help="how a moved request's KV travels: live copy over the link (default) or recompute on the target",
+    )
+    bench.add_argument(
+        "--kv-bandwidth-gb-s", type=float, default=50.0,
+        help="link bandwidth for KV transfers in GB/s (default 50, one 400 Gb/s NIC)",
+    )
+    bench.add_argument(
+        "--fault", action="append", default=[], metavar="UNIT@S[+DOWN]",
+        help="unit UNIT fails at S seconds (node time) and comes back after DOWN seconds (repeatable); its "
+        "requests go back to the dispatcher and recompute elsewhere",
+    )
     bench.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -137,6 +161,13 @@ def _load_workload(args: argparse.Namespace) -> list[RequestSpec]:
     if args.time_scale != 1.0:
         requests = scale_arrivals(requests, args.time_scale)
     return requests[: args.limit] if args.limit else requests
+
+
+def _faults(texts: Sequence[str]) -> list[Fault]:
+    try:
+        return [Fault.parse(t) for t in texts]
+    except ValueError as exc:
+        raise CliError(f"--fault: {exc}") from None
 
 
 def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
@@ -179,7 +210,17 @@ def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
         tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, noise=args.noise, heterogeneity=args.heterogeneity,
         online_fit=not args.no_online_fit, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.kv_blocks,
+        topology=args.topology, prefill_units=args.prefill_units, lockstep=args.lockstep, migration=args.migration,
+        kv_bandwidth_gb_s=args.kv_bandwidth_gb_s, faults=tuple(_faults(args.fault)),
     )
+    try:
+        base.roles()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.kv_bandwidth_gb_s <= 0:
+        raise CliError("--kv-bandwidth-gb-s must be > 0")
+    if any(f.unit_id >= args.units for f in base.faults):
+        raise CliError(f"--fault names a unit beyond --units {args.units} (units are 0..{args.units - 1})")
     if args.slo_ttft_ms <= 0 or args.slo_tpot_ms <= 0:
         raise CliError("SLO targets must be > 0 ms")
     for opt, value in (("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens",
@@ -227,6 +268,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                 )
     single = len(results) == 1
     render_runs(console, results)
+    if single or any(r.config.dispatch != results[0].config.dispatch for r in results) or args.topology != (
+        "colocated"
+    ) or args.fault:
+        render_cluster(console, results)
     if single:
         render_units(console, results[0])
     if args.sweep:
@@ -235,7 +280,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         payload: dict[str, Any]
         if single:
             r = results[0]
-            payload = {"summary": r.summary, "config": _config_json(r, args), "units": r.units}
+            payload = {"summary": r.summary, "config": _config_json(r, args), "cluster": r.cluster, "units": r.units}
         else:
             payload = {"runs": [r.as_run() for r in results], "config": _config_json(results[0], args)}
         args.json.parent.mkdir(parents=True, exist_ok=True)

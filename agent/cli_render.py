@@ -130,6 +130,32 @@ def render_units(console: Console, result: RunResult) -> None:
     console.print(table)
 
 
+def render_cluster(console: Console, results: Sequence[RunResult]) -> None:
+    """Per run: balance across units, prefill chunk use, and what the dispatcher moved or held back."""
+    many_scales = len({r.config.time_scale for r in results}) > 1
+    table = Table(title="Cluster", title_justify="left", **_COMPACT)
+    for col in ("run", "KV std tok", "batch std", "chunk use", "migrations", "flow ctl", "faults", "stages"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
+    for r in results:
+        c = r.cluster
+        util = c.get("prefill_chunk_utilization")
+        moves = c.get("migrations", 0)
+        stages = c.get("stage_boundaries") or []
+        table.add_row(
+            _run_label(r, many_scales), _count(round(c.get("kv_tokens_std", 0.0))),
+            f"{c.get('batch_size_std', 0.0):.1f}",
+            "-" if util is None else f"{100 * util:.0f}%", f"{moves:,}",
+            f"{c.get('flow_controlled_requests', 0):,}", str(c.get("faults", 0)),
+            f"{len(stages)} changes, last {stages[-1]['boundaries']}" if stages else "-",
+        )
+    table.caption = (
+        "std: spread across units over time (KV tokens, running requests; decode pool when disaggregated); "
+        "chunk use: tokens per prefill-carrying step over the chunk capacity; migrations: moves between units "
+        "(JSON: by reason); flow ctl: requests held past the dispatcher's wait limit"
+    )
+    console.print(table)
+
+
 def render_peaks(console: Console, results: Sequence[RunResult], target: float = 0.9) -> None:
     """Per policy pair: the highest goodput of the sweep, and the load it sustains at ``target`` attainment."""
     groups: dict[tuple[str, str], list[RunResult]] = {}

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from agent.engine.base import RequestOutcome, StepRecord
+from policies.types import DispatchDecision
 
 SUMMARY_KEYS = (
     "requests", "completed", "rejected", "duration_s", "throughput_rps", "output_tokens_per_s",
@@ -133,4 +134,89 @@ class UnitStats:
             "completed": self.completed,
             "step_model_mape": self.pred_abs_err / self.steps if self.steps else None,
             "steps_by_mode": dict(sorted(self.modes.items())),
+        }
+
+
+class ClusterStats:
+    """Balance across units over time, prefill chunk utilization, and what the dispatcher did.
+
+    * Balance: after every step the unit's KV tokens and batch size (running requests) are its current
+      values; the spread across units is their standard deviation (SBS paper, 5.2.2: the +-1 sigma band of KV
+      load across DP units), averaged over time (each value weighted by how long it held).
+    * Prefill chunk utilization (SBS paper, 5.2.1): over steps that carry prefill work, tokens in the step
+      over the chunk capacity (``max_num_batched_tokens``).
+    """
+
+    def __init__(self, num_units: int, block_size: int, balanced: Iterable[int] | None = None) -> None:
+        self.block_size = block_size
+        self._members = set(range(num_units) if balanced is None else balanced)
+        """Units whose spread is measured (a disaggregated cluster: the decode pool, where KV lives)."""
+        self._kv = [0.0] * num_units
+        self._batch = [0.0] * num_units
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # sum kv, sum kv^2, sum batch, sum batch^2 over units
+        self._n = max(len(self._members), 1)
+        self._t_last: float | None = None
+        self._area = [0.0, 0.0]
+        self._t_first: float | None = None
+        self.prefill_steps = 0
+        self.prefill_step_tokens = 0
+        self.migrations: dict[str, int] = {}
+        self.mechanisms: dict[str, int] = {}
+        self.flow_controlled: set[str] = set()
+        self.flow_control_events = 0
+        self.boundaries: list[dict[str, Any]] = []
+
+    def _std(self, total: float, squares: float) -> float:
+        mean = total / self._n
+        return float(max(squares / self._n - mean * mean, 0.0) ** 0.5)
+
+    def add(self, rec: StepRecord) -> None:
+        if rec.num_prefill_tokens:
+            self.prefill_steps += 1
+            self.prefill_step_tokens += rec.new_tokens
+        u = rec.unit_id
+        if u not in self._members:
+            return
+        t = rec.start_s + rec.duration_s
+        if self._t_last is not None and t > self._t_last:
+            dt = t - self._t_last
+            self._area[0] += dt * self._std(self._sums[0], self._sums[1])
+            self._area[1] += dt * self._std(self._sums[2], self._sums[3])
+        if self._t_first is None:
+            self._t_first = t
+        self._t_last = t if self._t_last is None else max(t, self._t_last)
+        kv = float(rec.kv_used_blocks * self.block_size)
+        batch = float(rec.num_running)
+        old_kv, old_b = self._kv[u], self._batch[u]
+        self._sums[0] += kv - old_kv
+        self._sums[1] += kv * kv - old_kv * old_kv
+        self._sums[2] += batch - old_b
+        self._sums[3] += batch * batch - old_b * old_b
+        self._kv[u], self._batch[u] = kv, batch
+
+    def add_decision(self, now_s: float, decision: DispatchDecision) -> None:
+        if decision.flow_control:
+            self.flow_control_events += 1
+            self.flow_controlled.update(decision.flow_control)
+        cut = decision.reasons.get("boundaries")
+        if cut is not None and (not self.boundaries or self.boundaries[-1]["boundaries"] != cut):
+            self.boundaries.append({"t_s": now_s, "boundaries": cut})
+
+    def add_migration(self, reason: str, mechanism: str) -> None:
+        self.migrations[reason] = self.migrations.get(reason, 0) + 1
+        self.mechanisms[mechanism] = self.mechanisms.get(mechanism, 0) + 1
+
+    def as_dict(self, *, max_num_batched_tokens: int) -> dict[str, Any]:
+        span = (self._t_last or 0.0) - (self._t_first or 0.0)
+        cap = self.prefill_steps * max_num_batched_tokens
+        return {
+            "kv_tokens_std": self._area[0] / span if span > 0 else 0.0,
+            "batch_size_std": self._area[1] / span if span > 0 else 0.0,
+            "prefill_chunk_utilization": self.prefill_step_tokens / cap if cap else None,
+            "migrations": sum(self.migrations.values()),
+            "migrations_by_reason": dict(sorted(self.migrations.items())),
+            "migrations_by_mechanism": dict(sorted(self.mechanisms.items())),
+            "flow_control_events": self.flow_control_events,
+            "flow_controlled_requests": len(self.flow_controlled),
+            "stage_boundaries": self.boundaries,
         }

@@ -12,7 +12,15 @@ from typing import ClassVar
 
 from policies.cost.step_model import StepCoefficients
 from policies.params import ParamSpec, ParamValue, resolve_params
-from policies.types import DispatchDecision, PendingRequest, StepFeedback, StepPlan, UnitLoad, UnitView
+from policies.types import (
+    DispatchDecision,
+    HandoffRequest,
+    PendingRequest,
+    StepFeedback,
+    StepPlan,
+    UnitLoad,
+    UnitView,
+)
 
 
 class _Configurable:
@@ -83,9 +91,41 @@ class DispatchPolicy(_Configurable, abc.ABC):
     """
 
     wants_step_reports: ClassVar[bool] = False
+    needs_requests: ClassVar[bool] = False
+    """The node fills ``UnitLoad.requests`` (resident requests) for this dispatcher (costs a copy per call)."""
+    rebalances: ClassVar[bool] = False
+    """Ask after every step even when nothing is pending (for migrations between units)."""
 
     @abc.abstractmethod
     def dispatch(
         self, pending: Sequence[PendingRequest], units: Sequence[UnitLoad], now_s: float
     ) -> DispatchDecision:
-        """Which pending requests go to which unit now."""
+        """Which pending requests go to which unit now (and, for rebalancing policies, what moves)."""
+
+    def place_decode(
+        self, handoffs: Sequence[HandoffRequest], units: Sequence[UnitLoad], now_s: float
+    ) -> tuple[tuple[str, int], ...]:
+        """Decode units for requests whose prefill finished on a prefill unit (disaggregated topology).
+
+        ``units`` are the decode pool's units. Every handoff must be placed (its KV already exists); the
+        default takes, longest first, the lexicographic minimum of (batch size, KV tokens) among healthy units.
+        """
+        return place_min_batch(handoffs, units)
+
+
+def place_min_batch(
+    handoffs: Sequence[HandoffRequest], units: Sequence[UnitLoad]
+) -> tuple[tuple[str, int], ...]:
+    """Longest first, each to the healthy unit with the least (batch size, KV tokens), updating both."""
+    state = {u.unit_id: [u.num_running + u.num_waiting, u.kv_tokens] for u in units if u.healthy}
+    if not state:
+        state = {u.unit_id: [u.num_running + u.num_waiting, u.kv_tokens] for u in units}
+    if not state:
+        return ()
+    out: list[tuple[str, int]] = []
+    for h in sorted(handoffs, key=lambda h: -h.context_tokens):
+        unit = min(state, key=lambda k: (state[k][0], state[k][1], k))
+        state[unit][0] += 1
+        state[unit][1] += h.context_tokens
+        out.append((h.request_id, unit))
+    return tuple(out)

@@ -187,6 +187,8 @@ class PendingRequest:
     tpot_slo_s: float
     cycles_waited: int = 0
     """Dispatch rounds this request was held back."""
+    prefix_hits: tuple[tuple[int, int], ...] = ()
+    """``(unit_id, tokens)``: prompt tokens already in that unit's prefix cache, when known (cache-aware SBS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,67 @@ class UnitLoad:
     prefill_admission_budget: float | None = None
     """FairBatching's PAB in tokens, when the unit's batch policy computes one."""
     max_num_seqs: int = 0
+    role: str = "mixed"
+    """``mixed`` (colocated: prefills and decodes), ``prefill`` or ``decode`` (disaggregated pools)."""
+    steps_done: int = 0
+    """Steps the unit has completed; a change since the dispatcher last looked is an end-of-step report."""
+    busy: bool = False
+    """A step is in flight."""
+    inflight_tokens: int = 0
+    """Tokens of the step in flight (0 when idle)."""
+    chunk_tokens: int = 0
+    """Token capacity of one step (``C_chunk``: the unit's ``max_num_batched_tokens``)."""
+    block_size: int = 16
+    migrations_inflight: int = 0
+    """Transfers under way from or to this unit."""
+    requests: tuple[RunningRequest, ...] = ()
+    """Resident requests (running and waiting); filled only for dispatchers with ``needs_requests``."""
+
+    @property
+    def free_kv_tokens(self) -> int:
+        """Tokens the unit's free KV blocks can hold."""
+        return (self.num_blocks - self.kv_used_blocks) * self.block_size
+
+    @property
+    def kv_usage(self) -> float:
+        """Used over total KV blocks (0 when the unit reports no capacity)."""
+        return self.kv_used_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningRequest:
+    """A request resident on a unit, as a rebalancing dispatcher sees it (no output length: unknown)."""
+
+    request_id: str
+    context_tokens: int
+    """Known tokens: prompt plus outputs so far (``L_i``)."""
+    prompt_tokens: int
+    output_tokens: int
+    computed_tokens: int
+    arrival_s: float
+    migrating: bool = False
+    """A transfer of this request is under way."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """Move a resident request from one unit to another (CascadeInfer's hand-over and rebalancing)."""
+
+    request_id: str
+    source_unit: int
+    target_unit: int
+    reason: str = ""
+    """Why (``handover``, ``rebalance``, ``starvation``...): shown in telemetry."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffRequest:
+    """A request whose prefill finished on a prefill unit and needs a decode unit (disaggregated topology)."""
+
+    request_id: str
+    context_tokens: int
+    """Tokens whose KV moves with the request."""
+    prompt_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,3 +284,7 @@ class DispatchDecision:
     next_check_s: float | None = None
     """Ask the policy again at this time even if nothing arrives (None: only on events)."""
     reasons: Mapping[str, ReasonValue] = field(default_factory=dict)
+    migrations: tuple[Migration, ...] = ()
+    """Resident requests to move (the node starts at most what its mechanism allows; see ``Node``)."""
+    flow_control: tuple[str, ...] = ()
+    """Pending requests held past the dispatcher's wait limit (throttled; reported as alerts)."""

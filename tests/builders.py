@@ -31,6 +31,7 @@ def make_unit(
     noise_sigma: float = 0.0,
     seed: int = 0,
     params: dict[str, str] | None = None,
+    role: str = "mixed",
 ) -> SimUnit:
     return SimUnit(
         unit_id,
@@ -41,6 +42,7 @@ def make_unit(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len if max_model_len is not None else min(16_384, num_blocks * block_size),
+        role=role,
     )
 
 

@@ -33,7 +33,7 @@ def test_bench_on_a_small_azure_trace_writes_the_documented_json(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     assert "Summary" in proc.stdout and "Per-unit load" in proc.stdout
     data = json.loads(out.read_text())
-    assert set(data) == {"summary", "config", "units"}
+    assert set(data) == {"summary", "config", "units", "cluster"}
     summary = data["summary"]
     assert set(summary) == set(SUMMARY_KEYS)
     assert set(summary["ttft_ms"]) == LATENCY_KEYS and set(summary["tpot_ms"]) == LATENCY_KEYS
@@ -90,6 +90,11 @@ def test_synthetic_workload_and_params(tmp_path: Path) -> None:
         (["--sweep", "rate=1,2"], "--sweep takes time-scale"),
         (["--param", "vlm.long_prefill_token_threshold=4"], "no policy named 'vlm'"),
         (["--param", "vllm.threshold=4"], "vllm has no parameter 'threshold'"),
+        (["--fault", "x@3"], "UNIT@SECONDS"),
+        (["--fault", "1@-2"], "times >= 0"),
+        (["--fault", "7@1"], "beyond --units 4"),
+        (["--topology", "disaggregated", "--prefill-units", "4"], "4 prefill units of 4"),
+        (["--kv-bandwidth-gb-s", "0"], "must be > 0"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -156,3 +161,25 @@ def test_the_issue_comparison_prints_one_row_per_run_and_the_sustained_load(tmp_
     for r in runs:
         assert r["offered_rps"] > 0 and r["refused"] <= r["summary"]["rejected"]
     assert {r["time_scale"] for r in runs} == {1.0, 0.05}
+
+
+def test_dispatch_comparison_reports_cluster_balance_and_faults(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = run_cli(
+        "bench", "--trace", str(SMALL_AZURE), "--units", "4", "--dispatch", "round_robin,least_loaded",
+        "--topology", "disaggregated", "--prefill-units", "1", "--lockstep", "--fault", "2@5+10",
+        "--no-progress", "--json", str(out),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Cluster" in proc.stdout
+    data = json.loads(out.read_text())
+    assert [r["dispatch"] for r in data["runs"]] == ["round_robin", "least_loaded"]
+    assert data["config"]["topology"] == "disaggregated" and data["config"]["lockstep"] is True
+    for run in data["runs"]:
+        c = run["cluster"]
+        assert c["faults"] == 1
+        # Every request that got past its prefill was handed to a decode unit with its KV (or lost in the fault).
+        assert c["migrations_by_reason"]["handoff"] > 0
+        assert run["summary"]["completed"] + run["summary"]["rejected"] == 200
+        decode_units = [u for u in run["units"] if u["unit_id"] > 0]
+        assert all(u["prefill_tokens"] == 0 for u in decode_units)

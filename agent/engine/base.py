@@ -9,7 +9,7 @@ when that time has passed. Every step yields a :class:`StepRecord`; requests yie
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from policies.base import BatchPolicy
@@ -97,6 +97,34 @@ class RequestOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class Migrant:
+    """A request taken off a unit with its progress, to be placed on another (migration, hand-over, fault).
+
+    ``computed_tokens`` is the KV that travels with it (0 when it must be recomputed on the target: the
+    target then prefills prompt and generated tokens again, vLLM's recompute path).
+    """
+
+    spec: SubmittedRequest
+    output_tokens: int
+    computed_tokens: int
+    first_token_s: float | None
+    num_preemptions: int
+
+    @property
+    def request_id(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt plus outputs so far."""
+        return self.spec.prompt_tokens + self.output_tokens
+
+    def without_kv(self) -> Migrant:
+        """The same request after its KV was lost (it recomputes on its next unit)."""
+        return replace(self, computed_tokens=0)
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
     """What :meth:`Engine.end_step` hands back to the node."""
 
@@ -104,6 +132,8 @@ class StepResult:
     finished: tuple[RequestOutcome, ...]
     preempted: tuple[str, ...]
     first_tokens: tuple[str, ...]
+    handoffs: tuple[Migrant, ...] = ()
+    """Requests a prefill-role unit finished prefilling and let go (disaggregated topology), with their KV."""
 
 
 class Engine(Protocol):
@@ -111,6 +141,8 @@ class Engine(Protocol):
 
     unit_id: int
     policy: BatchPolicy
+    role: str
+    """``mixed`` (colocated), ``prefill`` or ``decode`` (disaggregated pools)."""
 
     def submit(self, request: SubmittedRequest, now_s: float) -> None: ...
 
@@ -127,7 +159,31 @@ class Engine(Protocol):
 
     def end_step(self, now_s: float) -> StepResult: ...
 
-    def load(self) -> UnitLoad: ...
+    def load(self, with_requests: bool = False) -> UnitLoad:
+        """The unit's load; ``with_requests`` also lists its resident requests (for rebalancing dispatchers)."""
+        ...
+
+    def has_request(self, request_id: str) -> bool: ...
+
+    def stepping(self, request_id: str) -> bool:
+        """The request is part of the step in flight (it cannot move before that step ends)."""
+        ...
+
+    def set_migrating(self, request_id: str, migrating: bool) -> None:
+        """Mark a resident request as being transferred (shown in :meth:`load`)."""
+        ...
+
+    def detach(self, request_id: str) -> Migrant:
+        """Take a resident request off the unit (not while it is :meth:`stepping`), freeing its KV blocks."""
+        ...
+
+    def attach(self, migrant: Migrant, now_s: float) -> bool:
+        """Take over a request with its progress; True when its KV was kept (room for it), else it recomputes."""
+        ...
+
+    def evacuate(self) -> list[Migrant]:
+        """The unit failed: drop the step in flight and every request (their KV is lost)."""
+        ...
 
     def running_views(self) -> tuple[RequestView, ...]:
         """The running requests (admitted, holding KV) as policies see them, in the unit's running order."""

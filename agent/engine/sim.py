@@ -25,12 +25,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from agent.engine.base import RequestOutcome, StepRecord, StepResult, SubmittedRequest
+from agent.engine.base import Migrant, RequestOutcome, StepRecord, StepResult, SubmittedRequest
 from agent.engine.timing import StepTimer
 from policies.base import BatchPolicy
 from policies.batch.common import mode_of
 from policies.cost.step_model import StepCoefficients
-from policies.types import RequestView, StepFeedback, StepPlan, UnitLoad, UnitView
+from policies.types import RequestView, RunningRequest, StepFeedback, StepPlan, UnitLoad, UnitView
+
+ROLES = ("mixed", "prefill", "decode")
+"""Unit roles: ``mixed`` (colocated), or one pool of a disaggregated topology."""
 
 
 class PlanError(RuntimeError):
@@ -41,7 +44,8 @@ class _Req:
     """Mutable per-request state inside a unit."""
 
     __slots__ = (
-        "blocks", "computed", "first_token_s", "num_preemptions", "output", "spec", "target", "view_cache",
+        "blocks", "computed", "first_token_s", "migrating", "num_preemptions", "output", "spec", "target",
+        "view_cache",
     )
 
     def __init__(self, spec: SubmittedRequest) -> None:
@@ -52,7 +56,11 @@ class _Req:
         self.blocks = 0
         self.first_token_s: float | None = None
         self.num_preemptions = 0
+        self.migrating = False
         self.view_cache: RequestView | None = None
+
+    def migrant(self) -> Migrant:
+        return Migrant(self.spec, self.output, self.computed, self.first_token_s, self.num_preemptions)
 
     def view(self) -> RequestView:
         v = self.view_cache
@@ -106,7 +114,10 @@ class SimUnit:
         cost_model: CostModel | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
         mixed_interference: float = 0.0,
+        role: str = "mixed",
     ) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown unit role {role!r} ({', '.join(ROLES)})")
         if min(block_size, num_blocks, max_num_batched_tokens, max_num_seqs, max_model_len) <= 0:
             raise ValueError("unit sizes must be positive")
         if num_blocks * block_size < max_model_len:
@@ -127,11 +138,15 @@ class SimUnit:
         self.on_step = on_step
         self.mixed_interference = mixed_interference
         """The calibration profile's mixed-step interference ``kappa``, shown to policies as a prior."""
+        self.role = role
+        """``prefill``: a request leaves the unit (``StepResult.handoffs``) once its first token is sampled."""
         self.running: list[_Req] = []
         self.waiting: deque[_Req] = deque()
         self.requests: dict[str, _Req] = {}
         self.step_index = 0
         self._inflight: list[tuple[_Req, int]] | None = None
+        self._inflight_ids: set[str] = set()
+        self._inflight_tokens = 0
         self._inflight_meta: tuple[float, float, float, StepPlan, int, int, int, int, int, int] | None = None
         self._preempted_now: list[str] = []
         self.queued_prefill_tokens = 0
@@ -193,8 +208,19 @@ class SimUnit:
         """The running requests as policies see them (cached views: cheap between steps)."""
         return tuple(r.view() for r in self.running)
 
-    def load(self) -> UnitLoad:
+    def load(self, with_requests: bool = False) -> UnitLoad:
         kv_tokens = sum(r.computed for r in self.running)
+        resident = (
+            tuple(
+                RunningRequest(
+                    r.spec.request_id, r.num_tokens, r.spec.prompt_tokens, r.output, r.computed, r.spec.arrival_s,
+                    r.migrating,
+                )
+                for r in (*self.running, *self.waiting)
+            )
+            if with_requests
+            else ()
+        )
         return UnitLoad(
             unit_id=self.unit_id,
             healthy=True,
@@ -208,7 +234,82 @@ class SimUnit:
             mean_step_s=self._step_time_sum / self.num_steps if self.num_steps else None,
             prefill_admission_budget=self.policy.admission_budget_tokens(),
             max_num_seqs=self.max_num_seqs,
+            role=self.role,
+            steps_done=self.num_steps,
+            busy=self._inflight is not None,
+            inflight_tokens=self._inflight_tokens,
+            chunk_tokens=self.max_num_batched_tokens,
+            block_size=self.block_size,
+            migrations_inflight=sum(1 for r in self.requests.values() if r.migrating),
+            requests=resident,
         )
+
+    # -- moving requests between units -------------------------------------------------------------
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.requests
+
+    def stepping(self, request_id: str) -> bool:
+        return request_id in self._inflight_ids
+
+    def set_migrating(self, request_id: str, migrating: bool) -> None:
+        self.requests[request_id].migrating = migrating
+
+    def detach(self, request_id: str) -> Migrant:
+        """Take a resident request off the unit, freeing its blocks (its KV leaves with the migrant)."""
+        if request_id in self._inflight_ids:
+            raise RuntimeError(f"unit {self.unit_id}: {request_id} is in the step in flight")
+        req = self.requests.pop(request_id)
+        self.queued_prefill_tokens -= _outstanding_prefill(req)
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        return req.migrant()
+
+    def attach(self, migrant: Migrant, now_s: float) -> bool:
+        """Take over ``migrant``: with its KV into the running set when blocks and a sequence slot are free,
+        otherwise at the back of the waiting queue to recompute prompt and outputs (vLLM's recompute path)."""
+        s = migrant.spec
+        if s.request_id in self.requests:
+            raise ValueError(f"request {s.request_id} is already on unit {self.unit_id}")
+        if migrant.num_tokens >= self.max_model_len:
+            raise ValueError(f"request {s.request_id}: {migrant.num_tokens} tokens exceed max_model_len")
+        req = _Req(s)
+        req.output = migrant.output_tokens
+        req.first_token_s = migrant.first_token_s
+        req.num_preemptions = migrant.num_preemptions
+        blocks = self._blocks_for(migrant.computed_tokens)
+        kept = (
+            migrant.computed_tokens > 0
+            and blocks <= self.free_blocks
+            and len(self.running) < self.max_num_seqs
+            and migrant.num_tokens - migrant.computed_tokens <= 1
+        )
+        self.requests[s.request_id] = req
+        if kept:
+            req.computed = migrant.computed_tokens
+            self._allocate(req, blocks)
+            self.running.append(req)
+        else:
+            self.waiting.append(req)
+        self.queued_prefill_tokens += _outstanding_prefill(req)
+        return kept
+
+    def evacuate(self) -> list[Migrant]:
+        """The unit failed: the step in flight is lost, and so is every request's KV."""
+        out = [r.migrant().without_kv() for r in (*self.running, *self.waiting)]
+        self.running.clear()
+        self.waiting.clear()
+        self.requests.clear()
+        self.free_blocks = self.num_blocks
+        self.queued_prefill_tokens = 0
+        self._inflight = None
+        self._inflight_meta = None
+        self._inflight_ids = set()
+        self._inflight_tokens = 0
+        return out
 
     # -- one step -------------------------------------------------------------------------------------
     def begin_step(self, now_s: float) -> float | None:
@@ -238,6 +339,8 @@ class SimUnit:
         duration = self.timer.duration_s(new, ctx, len(scheduled), contexts, decode_tokens=dec_tok)
         predicted = self.cost_model.predict_s(new, ctx)
         self._inflight = scheduled
+        self._inflight_ids = {req.spec.request_id for req, _ in scheduled}
+        self._inflight_tokens = new
         self._inflight_meta = (now_s, duration, predicted, plan, new, ctx, pre_tok, dec_tok, pre_reqs, dec_reqs)
         return duration
 
@@ -343,6 +446,8 @@ class SimUnit:
         start_s, _, predicted, plan, new, ctx, pre_tok, dec_tok, pre_reqs, dec_reqs = self._inflight_meta
         self._inflight = None
         self._inflight_meta = None
+        self._inflight_ids = set()
+        self._inflight_tokens = 0
         finished: list[RequestOutcome] = []
         first_tokens: list[str] = []
         done: list[_Req] = []
@@ -411,7 +516,13 @@ class SimUnit:
         self.step_index += 1
         if self.on_step is not None:
             self.on_step(record)
-        return StepResult(record, tuple(finished), tuple(self._preempted_now), tuple(first_tokens))
+        handoffs: tuple[Migrant, ...] = ()
+        if self.role == "prefill":
+            # Every request that has sampled a token and is now decoding leaves (a first token, or the next
+            # token of a request that recomputed here after a fault).
+            leaving = [r.spec.request_id for r in self.running if r.output > 0 and r.num_tokens - r.computed == 1]
+            handoffs = tuple(self.detach(rid) for rid in leaving)
+        return StepResult(record, tuple(finished), tuple(self._preempted_now), tuple(first_tokens), handoffs)
 
 
 def _outstanding_prefill(req: _Req) -> int:
