@@ -15,7 +15,7 @@ from policies.base import DispatchPolicy
 from policies.cost.step_model import StepCoefficients
 from policies.registry import make_dispatch_policy
 from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
-from tests.builders import make_unit, requests
+from builders import make_unit, requests
 
 
 class _Scripted(DispatchPolicy):

@@ -120,3 +120,25 @@ def test_live_parameter_update_keeps_old_values_on_error() -> None:
     with pytest.raises(ParamError):
         policy.update_params({"long_prefill_token_threshold": -1})
     assert policy.params["long_prefill_token_threshold"] == 64
+
+
+def test_baselines_place_decode_hand_offs_by_their_own_rule() -> None:
+    from policies.types import HandoffRequest
+
+    decode = [_load(4, running=3), _load(5, running=0), _load(6, running=1, healthy=False)]
+    hand = [HandoffRequest("a", 100, 90), HandoffRequest("b", 50, 40), HandoffRequest("c", 10, 9)]
+    rr = make_dispatch_policy("round_robin")
+    # The prefill pool's turn (units 0, 1) and the decode pool's turn do not disturb each other.
+    first = rr.dispatch([PendingRequest("p", 0.0, 10, 1.0, 1.0)], [_load(0), _load(1)], 0.0)
+    assert first.assignments == (("p", 0),)
+    assert rr.place_decode(hand, decode, 0.0) == (("a", 4), ("b", 5), ("c", 4))
+    second = rr.dispatch([PendingRequest("q", 0.0, 10, 1.0, 1.0)], [_load(0), _load(1)], 0.0)
+    assert second.assignments == (("q", 1),)
+    # least_loaded, score 4 * waiting + running over the healthy units: a -> 5 (0 < 3, then 5 scores 4),
+    # b -> 4 (3 < 4, then 4 scores 7), c -> 5 (4 < 7).
+    ll = make_dispatch_policy("least_loaded")
+    assert ll.place_decode(hand, decode, 0.0) == (("a", 5), ("b", 4), ("c", 5))
+
+
+def _load(unit: int, running: int = 0, healthy: bool = True) -> UnitLoad:
+    return UnitLoad(unit, healthy, running, 0, 0, 100, 0, 0)

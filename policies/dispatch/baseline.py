@@ -8,11 +8,12 @@ counts its own placements, so a burst is spread instead of piling onto one unit.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from policies.base import DispatchPolicy
 from policies.params import ParamSpec
-from policies.types import DispatchDecision, PendingRequest, UnitLoad
+from policies.types import DispatchDecision, HandoffRequest, PendingRequest, UnitLoad
 
 
 class RoundRobin(DispatchPolicy):
@@ -24,6 +25,7 @@ class RoundRobin(DispatchPolicy):
 
     def configure(self) -> None:
         self._next = 0
+        self._next_decode = 0
 
     def dispatch(
         self, pending: Sequence[PendingRequest], units: Sequence[UnitLoad], now_s: float
@@ -31,12 +33,26 @@ class RoundRobin(DispatchPolicy):
         healthy = sorted(u.unit_id for u in units if u.healthy)
         if not healthy:
             return DispatchDecision(reasons={"no_healthy_unit": True})
-        out: list[tuple[str, int]] = []
-        for req in pending:
-            unit = next((u for u in healthy if u >= self._next), healthy[0])
-            out.append((req.request_id, unit))
-            self._next = unit + 1
+        out, self._next = _in_turn([r.request_id for r in pending], healthy, self._next)
         return DispatchDecision(assignments=tuple(out), reasons={"placed": len(out)})
+
+    def place_decode(
+        self, handoffs: Sequence[HandoffRequest], units: Sequence[UnitLoad], now_s: float
+    ) -> tuple[tuple[str, int], ...]:
+        """The decode pool in turn as well (its own position in the turn)."""
+        healthy = sorted(u.unit_id for u in units if u.healthy) or sorted(u.unit_id for u in units)
+        out, self._next_decode = _in_turn([h.request_id for h in handoffs], healthy, self._next_decode)
+        return tuple(out)
+
+
+def _in_turn(request_ids: Sequence[str], unit_ids: Sequence[int], start: int) -> tuple[list[tuple[str, int]], int]:
+    """Each request to the next unit id at or after ``start`` (wrapping); returns the placements and the next start."""
+    out: list[tuple[str, int]] = []
+    for rid in request_ids:
+        unit = next((u for u in unit_ids if u >= start), unit_ids[0])
+        out.append((rid, unit))
+        start = unit + 1
+    return out, start
 
 
 class LeastLoaded(DispatchPolicy):
@@ -54,13 +70,24 @@ class LeastLoaded(DispatchPolicy):
     def dispatch(
         self, pending: Sequence[PendingRequest], units: Sequence[UnitLoad], now_s: float
     ) -> DispatchDecision:
-        loads = {u.unit_id: (u.num_waiting, u.num_running) for u in units if u.healthy}
-        if not loads:
+        if not any(u.healthy for u in units):
             return DispatchDecision(reasons={"no_healthy_unit": True})
+        out = self._least_loaded([r.request_id for r in pending], units)
+        return DispatchDecision(assignments=tuple(out), reasons={"placed": len(out)})
+
+    def place_decode(
+        self, handoffs: Sequence[HandoffRequest], units: Sequence[UnitLoad], now_s: float
+    ) -> tuple[tuple[str, int], ...]:
+        """The same score over the decode pool (every unit when none is healthy: the KV exists already)."""
+        pool = [u for u in units if u.healthy] or [replace(u, healthy=True) for u in units]
+        return tuple(self._least_loaded([h.request_id for h in handoffs], pool))
+
+    def _least_loaded(self, request_ids: Sequence[str], units: Sequence[UnitLoad]) -> list[tuple[str, int]]:
+        loads = {u.unit_id: (u.num_waiting, u.num_running) for u in units if u.healthy}
         out: list[tuple[str, int]] = []
-        for req in pending:
+        for rid in request_ids:
             unit = min(loads, key=lambda k: (self.waiting_weight * loads[k][0] + loads[k][1], k))
             waiting, running = loads[unit]
             loads[unit] = (waiting + 1, running)
-            out.append((req.request_id, unit))
-        return DispatchDecision(assignments=tuple(out), reasons={"placed": len(out)})
+            out.append((rid, unit))
+        return out
