@@ -407,11 +407,14 @@ class Node:
             self._lock_seq = self._push(self.now_s + max(durations.values()), _STEP_END, _ALL)
 
     def _on_lockstep_end(self) -> None:
+        """Every member's step ends at once: all their reports are in before the dispatcher is asked."""
         members, self._lock_members = self._lock_members, []
         for index in members:
-            self._on_step_end(index)
+            self._on_step_end(index, ask_dispatcher=False)
+        if (self.pending and self.dispatcher.wants_step_reports) or self.dispatcher.rebalances:
+            self._dispatch()
 
-    def _on_step_end(self, index: int) -> None:
+    def _on_step_end(self, index: int, *, ask_dispatcher: bool = True) -> None:
         unit = self.units[index]
         result = unit.end_step(self.now_s)
         if self.on_step is not None:
@@ -434,7 +437,7 @@ class Node:
             self._hand_off(index, result.handoffs)
         if unit.has_work():
             self._schedule_start(index)
-        if (self.pending and self.dispatcher.wants_step_reports) or self.dispatcher.rebalances:
+        if ask_dispatcher and ((self.pending and self.dispatcher.wants_step_reports) or self.dispatcher.rebalances):
             self._dispatch()
 
     # -- control (between steps: the caller runs in the loop that drives ``advance``) ---------------------
