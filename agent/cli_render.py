@@ -146,12 +146,13 @@ def render_cluster(console: Console, results: Sequence[RunResult]) -> None:
             f"{c.get('batch_size_std', 0.0):.1f}",
             "-" if util is None else f"{100 * util:.0f}%", f"{moves:,}",
             f"{c.get('flow_controlled_requests', 0):,}", str(c.get("faults", 0)),
-            f"{len(stages)} changes, last {stages[-1]['boundaries']}" if stages else "-",
+            str(len(stages)) if stages else "-",
         )
     table.caption = (
         "std: spread across units over time (KV tokens, running requests; decode pool when disaggregated); "
         "chunk use: tokens per prefill-carrying step over the chunk capacity; migrations: moves between units "
-        "(JSON: by reason); flow ctl: requests held past the dispatcher's wait limit"
+        "(JSON: by reason); flow ctl: requests held past the dispatcher's wait limit; stages: stage boundary changes "
+        "(JSON: each change)"
     )
     console.print(table)
 

@@ -12,6 +12,7 @@ from policies.batch.sarathi import Sarathi
 from policies.batch.static import StaticBatching
 from policies.batch.vllm_default import VllmDefault
 from policies.dispatch.baseline import LeastLoaded, RoundRobin
+from policies.dispatch.cascade import CascadeInfer
 from policies.dispatch.pab import PabBalancer
 from policies.dispatch.sbs import StaggeredBatch
 from policies.params import ParamValue
@@ -21,7 +22,7 @@ BATCH_POLICIES: dict[str, type[BatchPolicy]] = {
     for cls in (StaticBatching, VllmDefault, Sarathi, FairBatching, FairBatchingPab, ExclusiveBatching, HybridEB)
 }
 DISPATCH_POLICIES: dict[str, type[DispatchPolicy]] = {
-    cls.name: cls for cls in (RoundRobin, LeastLoaded, StaggeredBatch, PabBalancer)
+    cls.name: cls for cls in (RoundRobin, LeastLoaded, StaggeredBatch, PabBalancer, CascadeInfer)
 }
 
 

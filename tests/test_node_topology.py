@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import pytest
+from builders import make_unit, requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,6 @@ from policies.base import DispatchPolicy
 from policies.cost.step_model import StepCoefficients
 from policies.registry import make_dispatch_policy
 from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
-from builders import make_unit, requests
 
 
 class _Scripted(DispatchPolicy):

@@ -44,8 +44,8 @@ class _Req:
     """Mutable per-request state inside a unit."""
 
     __slots__ = (
-        "blocks", "computed", "first_token_s", "migrating", "num_preemptions", "output", "spec", "target",
-        "view_cache",
+        "blocks", "computed", "first_token_s", "load_cache", "migrating", "num_preemptions", "output", "spec",
+        "target", "view_cache",
     )
 
     def __init__(self, spec: SubmittedRequest) -> None:
@@ -58,6 +58,21 @@ class _Req:
         self.num_preemptions = 0
         self.migrating = False
         self.view_cache: RequestView | None = None
+        self.load_cache: RunningRequest | None = None
+
+    def resident(self) -> RunningRequest:
+        """The request as a rebalancing dispatcher sees it (rebuilt only when it changed)."""
+        c = self.load_cache
+        if c is None or c.computed_tokens != self.computed or c.output_tokens != self.output or (
+            c.migrating != self.migrating
+        ):
+            s = self.spec
+            c = RunningRequest(
+                s.request_id, s.prompt_tokens + self.output, s.prompt_tokens, self.output, self.computed,
+                s.arrival_s, self.migrating,
+            )
+            self.load_cache = c
+        return c
 
     def migrant(self) -> Migrant:
         return Migrant(self.spec, self.output, self.computed, self.first_token_s, self.num_preemptions)
@@ -210,17 +225,7 @@ class SimUnit:
 
     def load(self, with_requests: bool = False) -> UnitLoad:
         kv_tokens = sum(r.computed for r in self.running)
-        resident = (
-            tuple(
-                RunningRequest(
-                    r.spec.request_id, r.num_tokens, r.spec.prompt_tokens, r.output, r.computed, r.spec.arrival_s,
-                    r.migrating,
-                )
-                for r in (*self.running, *self.waiting)
-            )
-            if with_requests
-            else ()
-        )
+        resident = tuple(r.resident() for r in (*self.running, *self.waiting)) if with_requests else ()
         return UnitLoad(
             unit_id=self.unit_id,
             healthy=True,

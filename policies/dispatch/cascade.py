@@ -1,0 +1,772 @@
+"""``cascade``: CascadeInfer, a length-staged pipeline of DP units with bid-ask migration (seed 001).
+
+POLICIES.md 2.4. The units (healthy ones, sorted by id) form *stages*: consecutive unit ranges, stage ``j``
+serving sequence lengths ``[l_j, l_{j+1})`` (the last one everything above). The math lives in
+:mod:`policies.dispatch.cascade_model` (the QoE model, section 4.1) and
+:mod:`policies.dispatch.cascade_partition` (partition DP, fast path, range refinement, sections 4.2-4.3).
+
+Every call of :meth:`CascadeInfer.dispatch`:
+
+1. **Partition** (section 4.2) when the healthy units change, after a parameter change, every
+   ``repartition_interval_s``, and at the first refinement tick with enough data: over the ``(I, L)`` of the
+   resident and pending requests (topped up with the last seen lengths of departed requests when fewer than
+   ``min_partition_samples``: the DP's ``n^2`` term needs the *concurrent* population, so departed requests
+   only fill a thin snapshot). Too little data, or one unit: a single stage (plain least-load dispatch).
+   ``partition_method=dp`` (default) runs the exact DP, ``fast`` the paper's two-phase heuristic. Measured
+   on a 2-core sandbox (``tests/benchmarks/bench_cascade_partition.py``), 16 units over 128K context in
+   doubling buckets: DP 2.6-8.3 ms for 1K-16K sampled requests, fast path 2.1-5.9 ms but 6-9% worse in
+   pipeline quality; the paper's speed argument for the heuristic does not hold for a vectorized DP.
+2. **Refinement** (section 4.3) every ``refine_interval_s``: each unit of stage ``j`` proposes a boundary
+   from its own lengths and the average of stage ``j+1``'s; the stage boundary becomes the mean of the
+   unfrozen units' EMA-smoothed proposals (our choice: the paper lets each instance keep its own boundary,
+   which a central router cannot express), clipped to stay strictly between its neighbours.
+3. **Routing** (section 3.2): a request goes to the stage covering its prompt length, inside it to the unit
+   with the least memory demand (``kv_tokens + queued_prefill_tokens``, counting this call's placements),
+   then fewer requests, then the lowest id.
+4. **Hand-over and rebalancing** (section 4.4). Senders *ask*: a unit holding a request whose context
+   reached its stage's upper boundary hands it to the stage covering its length (the next stage as requests
+   grow; reason ``handover``); a unit whose demand exceeds its stage's mean by more than
+   ``imbalance_threshold`` offers its longest requests that fit in the excess (reason ``rebalance``; at most
+   ``max_transfers`` asks per sender and call, and only while the receiver would stay below the sender).
+   Candidate receivers *bid* ``(load, earliest start)``: load = demand plus tokens already won; earliest
+   start = buffered tokens (won migrations plus queued prefill) over the unit's throughput (its token
+   budget per step over its mean step time). :func:`select_bid`: drop the more loaded half, keep the three
+   earliest, take the first to answer (the earliest). A receiver without free KV for the request's context
+   does not bid. The winner queues the request.
+5. **Transfers.** At most ``max_transfers`` in flight (requests flagged ``migrating`` and
+   ``UnitLoad.migrations_inflight``, which counts each transfer at both ends), one outgoing transfer per
+   sender and one new incoming per receiver per call. Receivers (ascending id) take their queue in order of
+   the sender's load (its buffered tokens, section 4.4), skipping requests whose sender is busy. A skip
+   counts once per distinct blocking transfer; after more than ``starvation_limit`` the request escalates:
+   the receiver waits for it and the sender sends it before anything else (reason ``starvation``). A
+   request whose receiver lacks free KV at start is dropped from the queue and asked again later.
+
+Never: a request that is migrating or already moved in this call, a target equal to the source, an
+unhealthy receiver, an unhealthy sender. Decisions depend only on the inputs and the policy's state (no
+clock, no randomness, every iteration in a sorted order).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import operator
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from policies.base import DispatchPolicy
+from policies.cost.step_model import StepCoefficients
+from policies.dispatch.cascade_model import QoeCoefficients, QoeFit, QoeSample, fit_qoe_samples
+from policies.dispatch.cascade_partition import (
+    LengthPair,
+    Partition,
+    StageCostTable,
+    exponential_edges,
+    partition_dp,
+    partition_fast,
+    refine_boundary,
+)
+from policies.params import ParamSpec, ParamValue
+from policies.types import DispatchDecision, Migration, PendingRequest, ReasonValue, RunningRequest, UnitLoad
+
+__all__ = ["Bid", "BidOutcome", "CascadeInfer", "Stage", "select_bid"]
+
+_RECENT_MAX = 4096
+"""Departed requests remembered for topping up a thin length sample."""
+_QOE_WINDOW = 4096
+_QOE_MIN_SAMPLES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Bid:
+    """A receiver's reply to an ask (section 4.4)."""
+
+    unit_id: int
+    load_tokens: float
+    """Memory demand plus tokens already won."""
+    earliest_start_s: float
+    """Buffered tokens over throughput: when it could start on the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class BidOutcome:
+    """The sender's filtering of the bids."""
+
+    winner: Bid | None
+    less_loaded: tuple[Bid, ...]
+    """Bids left after dropping the more loaded half (ascending load)."""
+    earliest: tuple[Bid, ...]
+    """Up to ``keep`` of those with the earliest start (ascending start)."""
+
+
+def select_bid(bids: Sequence[Bid], keep: int = 3) -> BidOutcome:
+    """Drop the more loaded half (``floor(n / 2)`` bids), keep the ``keep`` earliest, take the first.
+
+    "The first to answer" is the earliest start (the bid that could begin soonest); ties go to the lower
+    load, then the lower unit id. With one bid nothing is dropped.
+    """
+    by_load = sorted(bids, key=lambda b: (b.load_tokens, b.unit_id))
+    less = tuple(by_load[: len(by_load) - len(by_load) // 2])
+    earliest = tuple(sorted(less, key=lambda b: (b.earliest_start_s, b.load_tokens, b.unit_id))[:keep])
+    return BidOutcome(earliest[0] if earliest else None, less, earliest)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pipeline stage as telemetry shows it."""
+
+    lower_tokens: int
+    upper_tokens: int
+    """Exclusive upper length; the last stage also takes everything above."""
+    unit_ids: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class _Transfer:
+    """A request won by a receiver, waiting in its queue."""
+
+    request_id: str
+    source: int
+    target: int
+    tokens: int
+    reason: str
+    seq: int
+    skips: int = 0
+    last_blocker: str = ""
+    starving: bool = False
+
+
+CASCADE_PARAMS: tuple[ParamSpec, ...] = (
+    ParamSpec(
+        "max_context_tokens",
+        "int",
+        131_072,
+        "top bucket edge (longer lengths share the last bucket)",
+        unit="tokens",
+        min=256,
+        max=1 << 24,
+    ),
+    ParamSpec("bucket_base_tokens", "int", 64, "first bucket edge", unit="tokens", min=1, max=65_536),
+    ParamSpec("bucket_growth", "float", 2.0, "ratio of consecutive bucket edges", min=1.05, max=16.0),
+    ParamSpec(
+        "partition_method",
+        "str",
+        "dp",
+        "dp: the exact dynamic program; fast: the paper's one unit per stage then greedy merges",
+        choices=("fast", "dp"),
+    ),
+    ParamSpec(
+        "repartition_interval_s", "float", 30.0, "time between full stage partitions", unit="s", min=0.1, max=86_400.0
+    ),
+    ParamSpec(
+        "min_partition_samples",
+        "int",
+        32,
+        "requests needed before the partition uses data",
+        unit="requests",
+        min=2,
+        max=1_000_000,
+    ),
+    ParamSpec("refine_interval_s", "float", 1.0, "time between range refinements", unit="s", min=0.001, max=3600.0),
+    ParamSpec(
+        "ema_alpha", "float", 0.3, "EMA weight of a new boundary proposal (0 = boundaries never move)", min=0.0, max=1.0
+    ),
+    ParamSpec(
+        "freeze_below", "int", 5, "no refinement with fewer requests than this", unit="requests", min=1, max=10_000
+    ),
+    ParamSpec(
+        "imbalance_threshold",
+        "float",
+        0.25,
+        "rebalance a unit whose demand exceeds its stage's mean by this fraction",
+        min=0.0,
+        max=10.0,
+    ),
+    ParamSpec("rebalance", "bool", True, "intra-stage bid-ask rebalancing (hand-over runs regardless)"),
+    ParamSpec("max_transfers", "int", 3, "migrations in flight at once", unit="transfers", min=0, max=64),
+    ParamSpec("starvation_limit", "int", 3, "skips before a queued migration escalates", min=1, max=1000),
+    ParamSpec(
+        "migration_cost_us_per_token",
+        "float",
+        2.6,
+        "delay a migration adds per moved token, for the cut cost (2.6: 128 KiB of KV per token over 50 GB/s)",
+        unit="us",
+        min=0.0,
+        max=10_000.0,
+    ),
+    ParamSpec(
+        "mean_output_tokens",
+        "float",
+        256.0,
+        "O in the default QoE coefficients and the cut cost",
+        unit="tokens",
+        min=1.0,
+        max=1e6,
+    ),
+    ParamSpec(
+        "prefill_chunk_tokens", "int", 8192, "C in the default QoE coefficients", unit="tokens", min=1, max=1 << 20
+    ),
+    ParamSpec("step_a_ms", "float", 9.11, "step model a (default: H100, Llama-3.1-8B)", unit="ms", min=0.0),
+    ParamSpec("step_b_us", "float", 24.0, "step model b per new token", unit="us", min=0.0),
+    ParamSpec("step_c_ns", "float", 43.9, "step model c per context token", unit="ns", min=0.0),
+    ParamSpec(
+        "qoe_source",
+        "str",
+        "step_model",
+        "QoE coefficients: derived from the step model, or fitted from observe() once enough samples came in",
+        choices=("step_model", "fitted"),
+    ),
+    ParamSpec("qoe_refit_every", "int", 64, "observed samples between two QoE fits", min=1, max=1_000_000),
+)
+
+
+class CascadeInfer(DispatchPolicy):
+    """Length-staged units; hand-over of outgrown requests; bid-ask rebalancing inside a stage."""
+
+    name: ClassVar[str] = "cascade"
+    summary: ClassVar[str] = "length-staged pipeline of units with hand-over and bid-ask migration (CascadeInfer)"
+    params_schema: ClassVar[tuple[ParamSpec, ...]] = CASCADE_PARAMS
+    wants_step_reports: ClassVar[bool] = True
+    needs_requests: ClassVar[bool] = True
+    rebalances: ClassVar[bool] = True
+
+    def __init__(self, params: Mapping[str, ParamValue] | None = None) -> None:
+        self._bounds: list[float] = []
+        self._members: list[tuple[int, ...]] = []
+        self._stage_of: dict[int, int] = {}
+        self._healthy_key: tuple[int, ...] | None = None
+        self._from_data = False
+        self._dirty = True
+        self._partition_key: tuple[object, ...] = ()
+        self._next_refine_s = -math.inf
+        self._next_repartition_s = -math.inf
+        self._queue: dict[str, _Transfer] = {}
+        self._seq = 0
+        self._seen_steps: dict[int, int] = {}
+        self._full_scan = True
+        self._recent: dict[str, LengthPair] = {}
+        self._samples: deque[QoeSample] = deque(maxlen=_QOE_WINDOW)
+        self._since_fit = 0
+        self._fit: QoeFit | None = None
+        self._fit_failed = ""
+        self.last_partition: Partition | None = None
+        """The last partition computed from data (None before one)."""
+        super().__init__(params)
+
+    def configure(self) -> None:
+        p = self.params
+        self.max_context = int(p["max_context_tokens"])
+        base = min(int(p["bucket_base_tokens"]), self.max_context - 1)
+        self.edges = exponential_edges(self.max_context, base, float(p["bucket_growth"]))
+        self.method = str(p["partition_method"])
+        self.repartition_interval_s = float(p["repartition_interval_s"])
+        self.min_partition_samples = int(p["min_partition_samples"])
+        self.refine_interval_s = float(p["refine_interval_s"])
+        self.alpha = float(p["ema_alpha"])
+        self.freeze_below = int(p["freeze_below"])
+        self.threshold = float(p["imbalance_threshold"])
+        self.rebalance = bool(p["rebalance"])
+        self.max_transfers = int(p["max_transfers"])
+        self.starvation_limit = int(p["starvation_limit"])
+        self.migration_s_per_token = float(p["migration_cost_us_per_token"]) * 1e-6
+        self.mean_output_tokens = float(p["mean_output_tokens"])
+        self.chunk_tokens = int(p["prefill_chunk_tokens"])
+        self.step = StepCoefficients(
+            float(p["step_a_ms"]) * 1e-3, float(p["step_b_us"]) * 1e-6, float(p["step_c_ns"]) * 1e-9
+        )
+        self.qoe_source = str(p["qoe_source"])
+        self.qoe_refit_every = int(p["qoe_refit_every"])
+        self.default_coefficients = QoeCoefficients.from_step_model(
+            self.step, mean_output_tokens=self.mean_output_tokens, chunk_tokens=self.chunk_tokens
+        )
+        key = (
+            self.edges,
+            self.method,
+            self.default_coefficients,
+            self.qoe_source,
+            self.migration_s_per_token,
+            self.min_partition_samples,
+        )
+        if key != self._partition_key:  # a change that alters the partition: recompute it at the next call
+            self._partition_key = key
+            self._dirty = True
+
+    # ---- public state -----------------------------------------------------------------------------------
+
+    @property
+    def stage_boundaries(self) -> tuple[int, ...]:
+        """Stage boundaries in tokens: ``0, l_1, ..., max_context`` (one more than stages; empty before the
+        first call)."""
+        return tuple(self._int_bounds())
+
+    @property
+    def stage_units(self) -> tuple[tuple[int, ...], ...]:
+        """Unit ids of each stage, in stage order."""
+        return tuple(self._members)
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        b = self._int_bounds()
+        return tuple(Stage(b[j], b[j + 1], m) for j, m in enumerate(self._members))
+
+    @property
+    def qoe_coefficients(self) -> QoeCoefficients:
+        """The coefficients in use: fitted (``qoe_source=fitted`` after a successful fit) or the defaults."""
+        if self.qoe_source == "fitted" and self._fit is not None:
+            return self._fit.coefficients
+        return self.default_coefficients
+
+    @property
+    def qoe_fit(self) -> QoeFit | None:
+        """The last successful fit of :meth:`observe`'s samples."""
+        return self._fit
+
+    def observe(self, sample: QoeSample) -> None:
+        """Add one finished request's record (normalized latency and lifetime-average batch features).
+
+        Refits ``D0..D4`` every ``qoe_refit_every`` samples once 16 are in; a failed fit (rank-deficient
+        samples) keeps the previous coefficients.
+        """
+        if not sample.normalized_latency_s > 0.0:
+            return
+        self._samples.append(sample)
+        self._since_fit += 1
+        if self._since_fit >= self.qoe_refit_every and len(self._samples) >= _QOE_MIN_SAMPLES:
+            self._since_fit = 0
+            try:
+                self._fit = fit_qoe_samples(list(self._samples))
+                self._fit_failed = ""
+            except ValueError as exc:
+                self._fit_failed = str(exc)
+
+    def set_stages(self, boundaries: Sequence[int], unit_groups: Sequence[Sequence[int]]) -> None:
+        """Pin a partition (operator override, tests): kept until the healthy units change or the next
+        periodic repartition. ``boundaries``: ``0, l_1, ..., top``; one group of unit ids per stage."""
+        if len(boundaries) != len(unit_groups) + 1 or boundaries[0] != 0:
+            raise ValueError("need one more boundary than stages, starting at 0")
+        if any(b <= a for a, b in itertools.pairwise(boundaries)):
+            raise ValueError(f"boundaries must increase strictly, got {tuple(boundaries)}")
+        ids = [u for g in unit_groups for u in g]
+        if not all(unit_groups) or len(set(ids)) != len(ids):
+            raise ValueError("every stage needs units, and a unit belongs to one stage")
+        self._install([float(b) for b in boundaries], [tuple(sorted(g)) for g in unit_groups])
+        self._healthy_key = tuple(sorted(ids))
+        self._dirty = False
+
+    # ---- dispatch ---------------------------------------------------------------------------------------
+
+    def dispatch(self, pending: Sequence[PendingRequest], units: Sequence[UnitLoad], now_s: float) -> DispatchDecision:
+        by_id = {u.unit_id: u for u in units}
+        healthy = tuple(sorted(u.unit_id for u in units if u.healthy))
+        repartitioned = False
+        if self._dirty or healthy != self._healthy_key:
+            repartitioned = self._repartition(units, pending, healthy, now_s, force=True)
+            self._next_refine_s = now_s + self.refine_interval_s
+        elif now_s >= self._next_refine_s:
+            if now_s >= self._next_repartition_s or not self._from_data:
+                repartitioned = self._repartition(units, pending, healthy, now_s, force=False)
+            if not repartitioned:
+                self._refine(by_id)
+            self._next_refine_s = now_s + self.refine_interval_s
+        reasons: dict[str, ReasonValue] = {
+            "boundaries": ",".join(str(b) for b in self._int_bounds()),
+            "num_stages": len(self._members),
+            "stage_units": ";".join(",".join(str(u) for u in m) for m in self._members),
+            "repartitioned": repartitioned,
+            "qoe_source": "fitted" if self.qoe_source == "fitted" and self._fit is not None else "step_model",
+        }
+        if self._fit is not None:
+            reasons["qoe_fit_error"] = self._fit.mean_relative_error
+        if self._fit_failed:
+            reasons["qoe_fit_failed"] = self._fit_failed
+        if not healthy:
+            reasons["no_healthy_unit"] = True
+            return DispatchDecision(reasons=reasons)
+        assignments = self._route(pending, by_id)
+        migrations, inflight = self._migrations(units, by_id)
+        reasons["placed"] = len(assignments)
+        reasons["migrations_inflight"] = inflight
+        for kind in ("handover", "rebalance", "starvation"):
+            reasons[f"num_{kind}"] = sum(1 for m in migrations if m.reason == kind)
+        reasons["queued_migrations"] = len(self._queue)
+        return DispatchDecision(assignments=assignments, reasons=reasons, migrations=migrations)
+
+    # ---- stages -----------------------------------------------------------------------------------------
+
+    def _int_bounds(self) -> list[int]:
+        return [round(b) for b in self._bounds]
+
+    def _install(self, bounds: list[float], members: list[tuple[int, ...]]) -> None:
+        self._bounds = bounds
+        self._members = members
+        self._stage_of = {u: j for j, m in enumerate(members) for u in m}
+        self._queue.clear()
+        self._full_scan = True
+
+    def stage_for_length(self, tokens: int) -> int:
+        """Index of the stage covering a sequence length (the last stage covers everything above)."""
+        if not self._members:
+            raise LookupError("no stages yet")
+        j = bisect.bisect_right(self._int_bounds(), tokens) - 1
+        return min(max(j, 0), len(self._members) - 1)
+
+    def _length_sample(
+        self, units: Sequence[UnitLoad], pending: Sequence[PendingRequest]
+    ) -> tuple[list[int], list[int]]:
+        prompts: list[int] = []
+        contexts: list[int] = []
+        live: set[str] = set()
+        for u in units:
+            for r in u.requests:
+                prompts.append(r.prompt_tokens)
+                contexts.append(max(r.context_tokens, r.prompt_tokens))
+                live.add(r.request_id)
+        for q in pending:
+            prompts.append(q.prompt_tokens)
+            contexts.append(q.prompt_tokens)
+        self._remember(units)
+        if len(prompts) < self.min_partition_samples:
+            for rid in reversed(self._recent):
+                if len(prompts) >= self.min_partition_samples:
+                    break
+                if rid not in live:
+                    i, ell = self._recent[rid]
+                    prompts.append(i)
+                    contexts.append(ell)
+        return prompts, contexts
+
+    def _remember(self, units: Sequence[UnitLoad]) -> None:
+        for u in units:
+            for r in u.requests:
+                self._recent.pop(r.request_id, None)
+                self._recent[r.request_id] = (r.prompt_tokens, max(r.context_tokens, r.prompt_tokens))
+        while len(self._recent) > _RECENT_MAX:
+            del self._recent[next(iter(self._recent))]
+
+    def _repartition(
+        self,
+        units: Sequence[UnitLoad],
+        pending: Sequence[PendingRequest],
+        healthy: tuple[int, ...],
+        now_s: float,
+        *,
+        force: bool,
+    ) -> bool:
+        """Partition ``healthy`` from the length sample; True when the stages were (re)installed."""
+        prompts, contexts = self._length_sample(units, pending)
+        enough = len(healthy) >= 2 and len(prompts) >= self.min_partition_samples
+        if not enough and not force:
+            return False
+        self._healthy_key = healthy
+        self._dirty = False
+        if not enough:
+            self._install([0.0, float(self.max_context)] if healthy else [], [healthy] if healthy else [])
+            self._from_data = False
+            return True
+        table = StageCostTable(
+            prompts,
+            contexts,
+            self.edges,
+            self.qoe_coefficients,
+            self.migration_s_per_token / self.mean_output_tokens,
+        )
+        part = (partition_dp if self.method == "dp" else partition_fast)(table, len(healthy))
+        self.last_partition = part
+        members: list[tuple[int, ...]] = []
+        start = 0
+        for k in part.units:
+            members.append(healthy[start : start + k])
+            start += k
+        self._install([float(b) for b in part.boundaries], members)
+        self._from_data = True
+        self._next_repartition_s = now_s + self.repartition_interval_s
+        return True
+
+    def _refine(self, by_id: Mapping[int, UnitLoad]) -> None:
+        """Section 4.3 for every stage boundary but the outermost two."""
+        self._remember(list(by_id.values()))
+        coefs = self.qoe_coefficients
+        moved = False
+        for j in range(len(self._members) - 1):
+            succ = [_pairs(by_id[u]) for u in self._members[j + 1] if u in by_id]
+            smoothed = [
+                r.boundary
+                for r in (
+                    refine_boundary(
+                        _pairs(by_id[u]),
+                        succ,
+                        coefs,
+                        self._bounds[j + 1],
+                        alpha=self.alpha,
+                        freeze_below=self.freeze_below,
+                    )
+                    for u in self._members[j]
+                    if u in by_id
+                )
+                if not r.frozen
+            ]
+            if not smoothed:
+                continue
+            lo, hi = round(self._bounds[j]) + 1, round(self._bounds[j + 2]) - 1
+            if lo > hi:
+                continue
+            new = min(max(sum(smoothed) / len(smoothed), float(lo)), float(hi))
+            if round(new) != round(self._bounds[j + 1]):
+                moved = True
+            self._bounds[j + 1] = new
+        if moved:
+            self._full_scan = True
+
+    # ---- routing ----------------------------------------------------------------------------------------
+
+    def _route(self, pending: Sequence[PendingRequest], by_id: Mapping[int, UnitLoad]) -> tuple[tuple[str, int], ...]:
+        demand = {u: _demand(by_id[u]) for m in self._members for u in m}
+        count = {u: by_id[u].num_running + by_id[u].num_waiting for u in demand}
+        out: list[tuple[str, int]] = []
+        for req in pending:
+            members = self._members[self.stage_for_length(req.prompt_tokens)]
+            unit = min(members, key=lambda k: (demand[k], count[k], k))
+            demand[unit] += req.prompt_tokens
+            count[unit] += 1
+            out.append((req.request_id, unit))
+        return tuple(out)
+
+    # ---- migrations -------------------------------------------------------------------------------------
+
+    def _throughput(self, u: UnitLoad) -> float:
+        """Tokens per second: the unit's token budget per step over its (measured or modelled) step time."""
+        chunk = u.chunk_tokens if u.chunk_tokens > 0 else self.chunk_tokens
+        step_s = u.mean_step_s if u.mean_step_s else self.step.predict_s(chunk, u.kv_tokens)
+        return chunk / step_s if step_s > 0 else math.inf
+
+    def _migrations(
+        self, units: Sequence[UnitLoad], by_id: Mapping[int, UnitLoad]
+    ) -> tuple[tuple[Migration, ...], int]:
+        migrating: set[str] = set()
+        blocker: dict[int, str] = {}  # sender -> the transfer it is busy with
+        for u in units:
+            if not any(map(_IS_MIGRATING, u.requests)):  # a C-level pass: most units move nothing
+                continue
+            for r in u.requests:
+                if r.migrating:
+                    migrating.add(r.request_id)
+                    if u.unit_id not in blocker or r.request_id < blocker[u.unit_id]:
+                        blocker[u.unit_id] = r.request_id
+        inflight = max(len(migrating), -(-sum(u.migrations_inflight for u in units) // 2))
+        residents: dict[int, dict[str, RunningRequest]] = {}
+
+        def resident(uid: int) -> dict[str, RunningRequest]:
+            got = residents.get(uid)
+            if got is None:
+                got = residents[uid] = {r.request_id: r for r in by_id[uid].requests}
+            return got
+
+        changed = (
+            None if self._full_scan else {u.unit_id for u in units if u.steps_done != self._seen_steps.get(u.unit_id)}
+        )
+        self._validate_queue(by_id, migrating, resident, changed)
+        queued_in: dict[int, int] = {u: 0 for u in by_id}
+        queued_out: dict[int, int] = {u: 0 for u in by_id}
+        for t in self._queue.values():
+            queued_in[t.target] += t.tokens
+            queued_out[t.source] += t.tokens
+
+        def ask(r: RunningRequest, sender: int, receivers: Sequence[int], reason: str, guard: float | None) -> bool:
+            x = r.context_tokens
+            bids: list[Bid] = []
+            for uid in receivers:
+                lu = by_id.get(uid)
+                if uid == sender or lu is None or not lu.healthy:
+                    continue
+                if lu.free_kv_tokens - queued_in[uid] < x:
+                    continue
+                load = _demand(lu) + queued_in[uid]
+                if guard is not None and load + x > guard - x:
+                    continue
+                start = (queued_in[uid] + lu.queued_prefill_tokens) / self._throughput(lu)
+                bids.append(Bid(uid, float(load), start))
+            winner = select_bid(bids).winner
+            if winner is None:
+                return False
+            self._seq += 1
+            self._queue[r.request_id] = _Transfer(r.request_id, sender, winner.unit_id, x, reason, self._seq)
+            queued_in[winner.unit_id] += x
+            queued_out[sender] += x
+            return True
+
+        last = len(self._members) - 1
+        bounds = self._int_bounds()
+        scan = [uid for uid in sorted(self._stage_of) if uid in by_id and (changed is None or uid in changed)]
+        for uid in scan:
+            j = self._stage_of[uid]
+            if j == last:
+                continue
+            upper = bounds[j + 1]
+            for r in by_id[uid].requests:
+                if (
+                    r.context_tokens >= upper
+                    and not r.migrating
+                    and r.request_id not in self._queue
+                    and r.request_id not in migrating
+                ):
+                    target = self.stage_for_length(r.context_tokens)
+                    if target > j:
+                        ask(r, uid, self._members[target], "handover", None)
+        self._seen_steps = {u.unit_id: u.steps_done for u in units}
+        self._full_scan = False
+        if self.rebalance and self.max_transfers > 0:
+            for members in self._members:
+                if len(members) < 2:
+                    continue
+                dem = {m: _demand(by_id[m]) for m in members}
+                mean = sum(dem.values()) / len(dem)
+                for m in sorted(members, key=lambda k: (-dem[k], k)):
+                    if dem[m] <= (1.0 + self.threshold) * mean:
+                        break
+                    if changed is not None and m not in changed:
+                        continue  # its demand and requests are as at its last report, when it already asked
+                    excess = dem[m] - mean - queued_out[m]
+                    cands = sorted(
+                        (
+                            r
+                            for r in by_id[m].requests
+                            if not r.migrating
+                            and r.request_id not in self._queue
+                            and r.request_id not in migrating
+                            and r.context_tokens > 0
+                        ),
+                        key=lambda r: (-r.context_tokens, r.request_id),
+                    )
+                    asks = 0
+                    for r in cands:
+                        if asks >= self.max_transfers or excess <= 0:
+                            break
+                        if r.context_tokens > excess:
+                            continue
+                        if ask(r, m, members, "rebalance", float(dem[m] - queued_out[m])):
+                            excess -= r.context_tokens
+                            asks += 1
+        return self._start_transfers(by_id, blocker, inflight, queued_out, resident), inflight
+
+    def _validate_queue(
+        self,
+        by_id: Mapping[int, UnitLoad],
+        migrating: set[str],
+        resident: Callable[[int], dict[str, RunningRequest]],
+        changed: set[int] | None,
+    ) -> None:
+        """Drop queued transfers that no longer make sense; refresh their sizes.
+
+        Residency and size are rechecked for senders that reported a step since the last call (``changed``;
+        None: all), since requests leave a unit and grow only at step ends; a transfer about to start is
+        checked again in :meth:`_start_transfers`.
+        """
+        bounds = self._int_bounds()
+        last = len(self._members) - 1
+        for rid, t in list(self._queue.items()):  # insertion order = seq order
+            src, dst = by_id.get(t.source), by_id.get(t.target)
+            ok = (
+                src is not None
+                and dst is not None
+                and src.healthy
+                and dst.healthy
+                and t.source != t.target
+                and rid not in migrating
+                and t.source in self._stage_of
+                and t.target in self._stage_of
+            )
+            if ok and changed is not None and t.source not in changed:
+                continue
+            r = resident(t.source).get(rid) if ok else None
+            if r is None or r.migrating:
+                del self._queue[rid]
+                continue
+            j = self._stage_of[t.source]
+            if t.reason == "handover" and (j == last or r.context_tokens < bounds[j + 1]):
+                del self._queue[rid]
+                continue
+            t.tokens = r.context_tokens
+
+    def _start_transfers(
+        self,
+        by_id: Mapping[int, UnitLoad],
+        blocker: dict[int, str],
+        inflight: int,
+        queued_out: dict[int, int],
+        resident: Callable[[int], dict[str, RunningRequest]],
+    ) -> tuple[Migration, ...]:
+        slots = self.max_transfers - inflight
+        started: list[Migration] = []
+        used_receivers: set[int] = set()
+        reserved: dict[int, int] = {}
+
+        def kv_ok(t: _Transfer) -> bool:
+            """Still resident and not moving, and the receiver has room (else: drop, ask again later)."""
+            r = resident(t.source).get(t.request_id)
+            if r is None or r.migrating:
+                return False
+            t.tokens = r.context_tokens
+            return by_id[t.target].free_kv_tokens - reserved.get(t.target, 0) >= t.tokens
+
+        def start(t: _Transfer, reason: str) -> None:
+            nonlocal slots
+            started.append(Migration(t.request_id, t.source, t.target, reason))
+            del self._queue[t.request_id]
+            blocker[t.source] = t.request_id
+            used_receivers.add(t.target)
+            reserved[t.target] = reserved.get(t.target, 0) + t.tokens
+            slots -= 1
+
+        starving = sorted(
+            (t for t in self._queue.values() if t.starving),
+            key=lambda t: (-t.skips, -queued_out[t.source], t.seq),
+        )
+        for t in starving:
+            if slots <= 0:
+                break
+            if t.source in blocker or t.target in used_receivers:
+                continue
+            if not kv_ok(t):
+                del self._queue[t.request_id]
+                continue
+            start(t, "starvation")
+        waiting = {t.target for t in self._queue.values() if t.starving}
+        by_target: dict[int, list[_Transfer]] = {}
+        for t in self._queue.values():
+            by_target.setdefault(t.target, []).append(t)
+        for rcv in sorted(by_target):
+            if slots <= 0:
+                break
+            if rcv in waiting or rcv in used_receivers:
+                continue
+            for t in sorted(by_target[rcv], key=lambda t: (-queued_out[t.source], t.seq)):
+                busy_with = blocker.get(t.source)
+                if busy_with is not None:
+                    if busy_with != t.last_blocker:
+                        t.last_blocker = busy_with
+                        t.skips += 1
+                        if t.skips > self.starvation_limit:
+                            t.starving = True
+                            break  # the receiver now waits for this one
+                    continue
+                if not kv_ok(t):
+                    del self._queue[t.request_id]
+                    continue
+                start(t, t.reason)
+                break
+        return tuple(started)
+
+
+_IS_MIGRATING = operator.attrgetter("migrating")
+
+
+def _demand(u: UnitLoad) -> int:
+    """Memory demand of a unit (section 4.4): tokens in KV plus prompt tokens queued for prefill."""
+    return u.kv_tokens + u.queued_prefill_tokens
+
+
+def _pairs(u: UnitLoad) -> list[LengthPair]:
+    return [(r.prompt_tokens, max(r.context_tokens, r.prompt_tokens)) for r in u.requests]
