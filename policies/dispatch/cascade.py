@@ -4,6 +4,9 @@ POLICIES.md 2.4. The units (healthy ones, sorted by id) form *stages*: consecuti
 serving sequence lengths ``[l_j, l_{j+1})`` (the last one everything above). The math lives in
 :mod:`policies.dispatch.cascade_model` (the QoE model, section 4.1) and
 :mod:`policies.dispatch.cascade_partition` (partition DP, fast path, range refinement, sections 4.2-4.3).
+The installed stages, routing and the length sample are in :mod:`policies.dispatch.cascade_stages`, the
+migration planning (asks, bids, transfer queue, starvation) in :mod:`policies.dispatch.cascade_bidask`
+(section 4.4); this module keeps the policy, its parameters and when to partition and refine.
 
 Every call of :meth:`CascadeInfer.dispatch`:
 
@@ -48,95 +51,31 @@ clock, no randomness, every iteration in a sorted order).
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
-import operator
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from policies.base import DispatchPolicy
 from policies.cost.step_model import StepCoefficients
+from policies.dispatch.cascade_bidask import Bid, BidAskConfig, BidOutcome, MigrationPlanner, select_bid
 from policies.dispatch.cascade_model import QoeCoefficients, QoeFit, QoeSample, fit_qoe_samples
 from policies.dispatch.cascade_partition import (
-    LengthPair,
     Partition,
     StageCostTable,
     exponential_edges,
     partition_dp,
     partition_fast,
-    refine_boundary,
 )
+from policies.dispatch.cascade_stages import RecentLengths, Stage, StageMap
 from policies.params import ParamSpec, ParamValue
-from policies.types import DispatchDecision, Migration, PendingRequest, ReasonValue, RunningRequest, UnitLoad
+from policies.types import DispatchDecision, PendingRequest, ReasonValue, UnitLoad
 
 __all__ = ["Bid", "BidOutcome", "CascadeInfer", "Stage", "select_bid"]
 
-_RECENT_MAX = 4096
-"""Departed requests remembered for topping up a thin length sample."""
 _QOE_WINDOW = 4096
 _QOE_MIN_SAMPLES = 16
-
-
-@dataclass(frozen=True, slots=True)
-class Bid:
-    """A receiver's reply to an ask (section 4.4)."""
-
-    unit_id: int
-    load_tokens: float
-    """Memory demand plus tokens already won."""
-    earliest_start_s: float
-    """Buffered tokens over throughput: when it could start on the request."""
-
-
-@dataclass(frozen=True, slots=True)
-class BidOutcome:
-    """The sender's filtering of the bids."""
-
-    winner: Bid | None
-    less_loaded: tuple[Bid, ...]
-    """Bids left after dropping the more loaded half (ascending load)."""
-    earliest: tuple[Bid, ...]
-    """Up to ``keep`` of those with the earliest start (ascending start)."""
-
-
-def select_bid(bids: Sequence[Bid], keep: int = 3) -> BidOutcome:
-    """Drop the more loaded half (``floor(n / 2)`` bids), keep the ``keep`` earliest, take the first.
-
-    "The first to answer" is the earliest start (the bid that could begin soonest); ties go to the lower
-    load, then the lower unit id. With one bid nothing is dropped.
-    """
-    by_load = sorted(bids, key=lambda b: (b.load_tokens, b.unit_id))
-    less = tuple(by_load[: len(by_load) - len(by_load) // 2])
-    earliest = tuple(sorted(less, key=lambda b: (b.earliest_start_s, b.load_tokens, b.unit_id))[:keep])
-    return BidOutcome(earliest[0] if earliest else None, less, earliest)
-
-
-@dataclass(frozen=True, slots=True)
-class Stage:
-    """One pipeline stage as telemetry shows it."""
-
-    lower_tokens: int
-    upper_tokens: int
-    """Exclusive upper length; the last stage also takes everything above."""
-    unit_ids: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class _Transfer:
-    """A request won by a receiver, waiting in its queue."""
-
-    request_id: str
-    source: int
-    target: int
-    tokens: int
-    reason: str
-    seq: int
-    skips: int = 0
-    last_blocker: str = ""
-    starving: bool = False
 
 
 CASCADE_PARAMS: tuple[ParamSpec, ...] = (
@@ -234,20 +173,15 @@ class CascadeInfer(DispatchPolicy):
     rebalances: ClassVar[bool] = True
 
     def __init__(self, params: Mapping[str, ParamValue] | None = None) -> None:
-        self._bounds: list[float] = []
-        self._members: list[tuple[int, ...]] = []
-        self._stage_of: dict[int, int] = {}
+        self._stages = StageMap()
         self._healthy_key: tuple[int, ...] | None = None
         self._from_data = False
         self._dirty = True
         self._partition_key: tuple[object, ...] = ()
         self._next_refine_s = -math.inf
         self._next_repartition_s = -math.inf
-        self._queue: dict[str, _Transfer] = {}
-        self._seq = 0
-        self._seen_steps: dict[int, int] = {}
-        self._full_scan = True
-        self._recent: dict[str, LengthPair] = {}
+        self._bidask = MigrationPlanner()
+        self._recent = RecentLengths()
         self._samples: deque[QoeSample] = deque(maxlen=_QOE_WINDOW)
         self._since_fit = 0
         self._fit: QoeFit | None = None
@@ -277,6 +211,14 @@ class CascadeInfer(DispatchPolicy):
         self.step = StepCoefficients(
             float(p["step_a_ms"]) * 1e-3, float(p["step_b_us"]) * 1e-6, float(p["step_c_ns"]) * 1e-9
         )
+        self.bidask_config = BidAskConfig(
+            imbalance_threshold=self.threshold,
+            rebalance=self.rebalance,
+            max_transfers=self.max_transfers,
+            starvation_limit=self.starvation_limit,
+            chunk_tokens=self.chunk_tokens,
+            step=self.step,
+        )
         self.qoe_source = str(p["qoe_source"])
         self.qoe_refit_every = int(p["qoe_refit_every"])
         self.default_coefficients = QoeCoefficients.from_step_model(
@@ -300,17 +242,16 @@ class CascadeInfer(DispatchPolicy):
     def stage_boundaries(self) -> tuple[int, ...]:
         """Stage boundaries in tokens: ``0, l_1, ..., max_context`` (one more than stages; empty before the
         first call)."""
-        return tuple(self._int_bounds())
+        return tuple(self._stages.int_bounds())
 
     @property
     def stage_units(self) -> tuple[tuple[int, ...], ...]:
         """Unit ids of each stage, in stage order."""
-        return tuple(self._members)
+        return tuple(self._stages.members)
 
     @property
     def stages(self) -> tuple[Stage, ...]:
-        b = self._int_bounds()
-        return tuple(Stage(b[j], b[j + 1], m) for j, m in enumerate(self._members))
+        return self._stages.stages()
 
     @property
     def qoe_coefficients(self) -> QoeCoefficients:
@@ -372,9 +313,9 @@ class CascadeInfer(DispatchPolicy):
                 self._refine(by_id)
             self._next_refine_s = now_s + self.refine_interval_s
         reasons: dict[str, ReasonValue] = {
-            "boundaries": ",".join(str(b) for b in self._int_bounds()),
-            "num_stages": len(self._members),
-            "stage_units": ";".join(",".join(str(u) for u in m) for m in self._members),
+            "boundaries": ",".join(str(b) for b in self._stages.int_bounds()),
+            "num_stages": len(self._stages.members),
+            "stage_units": ";".join(",".join(str(u) for u in m) for m in self._stages.members),
             "repartitioned": repartitioned,
             "qoe_source": "fitted" if self.qoe_source == "fitted" and self._fit is not None else "step_model",
         }
@@ -385,66 +326,24 @@ class CascadeInfer(DispatchPolicy):
         if not healthy:
             reasons["no_healthy_unit"] = True
             return DispatchDecision(reasons=reasons)
-        assignments = self._route(pending, by_id)
-        migrations, inflight = self._migrations(units, by_id)
+        assignments = self._stages.route(pending, by_id)
+        migrations, inflight = self._bidask.plan(units, by_id, self._stages, self.bidask_config)
         reasons["placed"] = len(assignments)
         reasons["migrations_inflight"] = inflight
         for kind in ("handover", "rebalance", "starvation"):
             reasons[f"num_{kind}"] = sum(1 for m in migrations if m.reason == kind)
-        reasons["queued_migrations"] = len(self._queue)
+        reasons["queued_migrations"] = self._bidask.num_queued
         return DispatchDecision(assignments=assignments, reasons=reasons, migrations=migrations)
 
     # ---- stages -----------------------------------------------------------------------------------------
 
-    def _int_bounds(self) -> list[int]:
-        return [round(b) for b in self._bounds]
-
     def _install(self, bounds: list[float], members: list[tuple[int, ...]]) -> None:
-        self._bounds = bounds
-        self._members = members
-        self._stage_of = {u: j for j, m in enumerate(members) for u in m}
-        self._queue.clear()
-        self._full_scan = True
+        self._stages = StageMap(bounds, members)
+        self._bidask.reset()
 
     def stage_for_length(self, tokens: int) -> int:
         """Index of the stage covering a sequence length (the last stage covers everything above)."""
-        if not self._members:
-            raise LookupError("no stages yet")
-        j = bisect.bisect_right(self._int_bounds(), tokens) - 1
-        return min(max(j, 0), len(self._members) - 1)
-
-    def _length_sample(
-        self, units: Sequence[UnitLoad], pending: Sequence[PendingRequest]
-    ) -> tuple[list[int], list[int]]:
-        prompts: list[int] = []
-        contexts: list[int] = []
-        live: set[str] = set()
-        for u in units:
-            for r in u.requests:
-                prompts.append(r.prompt_tokens)
-                contexts.append(max(r.context_tokens, r.prompt_tokens))
-                live.add(r.request_id)
-        for q in pending:
-            prompts.append(q.prompt_tokens)
-            contexts.append(q.prompt_tokens)
-        self._remember(units)
-        if len(prompts) < self.min_partition_samples:
-            for rid in reversed(self._recent):
-                if len(prompts) >= self.min_partition_samples:
-                    break
-                if rid not in live:
-                    i, ell = self._recent[rid]
-                    prompts.append(i)
-                    contexts.append(ell)
-        return prompts, contexts
-
-    def _remember(self, units: Sequence[UnitLoad]) -> None:
-        for u in units:
-            for r in u.requests:
-                self._recent.pop(r.request_id, None)
-                self._recent[r.request_id] = (r.prompt_tokens, max(r.context_tokens, r.prompt_tokens))
-        while len(self._recent) > _RECENT_MAX:
-            del self._recent[next(iter(self._recent))]
+        return self._stages.stage_for_length(tokens)
 
     def _repartition(
         self,
@@ -456,7 +355,7 @@ class CascadeInfer(DispatchPolicy):
         force: bool,
     ) -> bool:
         """Partition ``healthy`` from the length sample; True when the stages were (re)installed."""
-        prompts, contexts = self._length_sample(units, pending)
+        prompts, contexts = self._recent.sample(units, pending, self.min_partition_samples)
         enough = len(healthy) >= 2 and len(prompts) >= self.min_partition_samples
         if not enough and not force:
             return False
@@ -487,286 +386,6 @@ class CascadeInfer(DispatchPolicy):
 
     def _refine(self, by_id: Mapping[int, UnitLoad]) -> None:
         """Section 4.3 for every stage boundary but the outermost two."""
-        self._remember(list(by_id.values()))
-        coefs = self.qoe_coefficients
-        moved = False
-        for j in range(len(self._members) - 1):
-            succ = [_pairs(by_id[u]) for u in self._members[j + 1] if u in by_id]
-            smoothed = [
-                r.boundary
-                for r in (
-                    refine_boundary(
-                        _pairs(by_id[u]),
-                        succ,
-                        coefs,
-                        self._bounds[j + 1],
-                        alpha=self.alpha,
-                        freeze_below=self.freeze_below,
-                    )
-                    for u in self._members[j]
-                    if u in by_id
-                )
-                if not r.frozen
-            ]
-            if not smoothed:
-                continue
-            lo, hi = round(self._bounds[j]) + 1, round(self._bounds[j + 2]) - 1
-            if lo > hi:
-                continue
-            new = min(max(sum(smoothed) / len(smoothed), float(lo)), float(hi))
-            if round(new) != round(self._bounds[j + 1]):
-                moved = True
-            self._bounds[j + 1] = new
-        if moved:
-            self._full_scan = True
-
-    # ---- routing ----------------------------------------------------------------------------------------
-
-    def _route(self, pending: Sequence[PendingRequest], by_id: Mapping[int, UnitLoad]) -> tuple[tuple[str, int], ...]:
-        demand = {u: _demand(by_id[u]) for m in self._members for u in m}
-        count = {u: by_id[u].num_running + by_id[u].num_waiting for u in demand}
-        out: list[tuple[str, int]] = []
-        for req in pending:
-            members = self._members[self.stage_for_length(req.prompt_tokens)]
-            unit = min(members, key=lambda k: (demand[k], count[k], k))
-            demand[unit] += req.prompt_tokens
-            count[unit] += 1
-            out.append((req.request_id, unit))
-        return tuple(out)
-
-    # ---- migrations -------------------------------------------------------------------------------------
-
-    def _throughput(self, u: UnitLoad) -> float:
-        """Tokens per second: the unit's token budget per step over its (measured or modelled) step time."""
-        chunk = u.chunk_tokens if u.chunk_tokens > 0 else self.chunk_tokens
-        step_s = u.mean_step_s if u.mean_step_s else self.step.predict_s(chunk, u.kv_tokens)
-        return chunk / step_s if step_s > 0 else math.inf
-
-    def _migrations(
-        self, units: Sequence[UnitLoad], by_id: Mapping[int, UnitLoad]
-    ) -> tuple[tuple[Migration, ...], int]:
-        migrating: set[str] = set()
-        blocker: dict[int, str] = {}  # sender -> the transfer it is busy with
-        for u in units:
-            if not any(map(_IS_MIGRATING, u.requests)):  # a C-level pass: most units move nothing
-                continue
-            for r in u.requests:
-                if r.migrating:
-                    migrating.add(r.request_id)
-                    if u.unit_id not in blocker or r.request_id < blocker[u.unit_id]:
-                        blocker[u.unit_id] = r.request_id
-        inflight = max(len(migrating), -(-sum(u.migrations_inflight for u in units) // 2))
-        residents: dict[int, dict[str, RunningRequest]] = {}
-
-        def resident(uid: int) -> dict[str, RunningRequest]:
-            got = residents.get(uid)
-            if got is None:
-                got = residents[uid] = {r.request_id: r for r in by_id[uid].requests}
-            return got
-
-        changed = (
-            None if self._full_scan else {u.unit_id for u in units if u.steps_done != self._seen_steps.get(u.unit_id)}
-        )
-        self._validate_queue(by_id, migrating, resident, changed)
-        queued_in: dict[int, int] = {u: 0 for u in by_id}
-        queued_out: dict[int, int] = {u: 0 for u in by_id}
-        for t in self._queue.values():
-            queued_in[t.target] += t.tokens
-            queued_out[t.source] += t.tokens
-
-        def ask(r: RunningRequest, sender: int, receivers: Sequence[int], reason: str, guard: float | None) -> bool:
-            x = r.context_tokens
-            bids: list[Bid] = []
-            for uid in receivers:
-                lu = by_id.get(uid)
-                if uid == sender or lu is None or not lu.healthy:
-                    continue
-                if lu.free_kv_tokens - queued_in[uid] < x:
-                    continue
-                load = _demand(lu) + queued_in[uid]
-                if guard is not None and load + x > guard - x:
-                    continue
-                start = (queued_in[uid] + lu.queued_prefill_tokens) / self._throughput(lu)
-                bids.append(Bid(uid, float(load), start))
-            winner = select_bid(bids).winner
-            if winner is None:
-                return False
-            self._seq += 1
-            self._queue[r.request_id] = _Transfer(r.request_id, sender, winner.unit_id, x, reason, self._seq)
-            queued_in[winner.unit_id] += x
-            queued_out[sender] += x
-            return True
-
-        last = len(self._members) - 1
-        bounds = self._int_bounds()
-        scan = [uid for uid in sorted(self._stage_of) if uid in by_id and (changed is None or uid in changed)]
-        for uid in scan:
-            j = self._stage_of[uid]
-            if j == last:
-                continue
-            upper = bounds[j + 1]
-            for r in by_id[uid].requests:
-                if (
-                    r.context_tokens >= upper
-                    and not r.migrating
-                    and r.request_id not in self._queue
-                    and r.request_id not in migrating
-                ):
-                    target = self.stage_for_length(r.context_tokens)
-                    if target > j:
-                        ask(r, uid, self._members[target], "handover", None)
-        self._seen_steps = {u.unit_id: u.steps_done for u in units}
-        self._full_scan = False
-        if self.rebalance and self.max_transfers > 0:
-            for members in self._members:
-                if len(members) < 2:
-                    continue
-                dem = {m: _demand(by_id[m]) for m in members}
-                mean = sum(dem.values()) / len(dem)
-                for m in sorted(members, key=lambda k: (-dem[k], k)):
-                    if dem[m] <= (1.0 + self.threshold) * mean:
-                        break
-                    if changed is not None and m not in changed:
-                        continue  # its demand and requests are as at its last report, when it already asked
-                    excess = dem[m] - mean - queued_out[m]
-                    cands = sorted(
-                        (
-                            r
-                            for r in by_id[m].requests
-                            if not r.migrating
-                            and r.request_id not in self._queue
-                            and r.request_id not in migrating
-                            and r.context_tokens > 0
-                        ),
-                        key=lambda r: (-r.context_tokens, r.request_id),
-                    )
-                    asks = 0
-                    for r in cands:
-                        if asks >= self.max_transfers or excess <= 0:
-                            break
-                        if r.context_tokens > excess:
-                            continue
-                        if ask(r, m, members, "rebalance", float(dem[m] - queued_out[m])):
-                            excess -= r.context_tokens
-                            asks += 1
-        return self._start_transfers(by_id, blocker, inflight, queued_out, resident), inflight
-
-    def _validate_queue(
-        self,
-        by_id: Mapping[int, UnitLoad],
-        migrating: set[str],
-        resident: Callable[[int], dict[str, RunningRequest]],
-        changed: set[int] | None,
-    ) -> None:
-        """Drop queued transfers that no longer make sense; refresh their sizes.
-
-        Residency and size are rechecked for senders that reported a step since the last call (``changed``;
-        None: all), since requests leave a unit and grow only at step ends; a transfer about to start is
-        checked again in :meth:`_start_transfers`.
-        """
-        bounds = self._int_bounds()
-        last = len(self._members) - 1
-        for rid, t in list(self._queue.items()):  # insertion order = seq order
-            src, dst = by_id.get(t.source), by_id.get(t.target)
-            ok = (
-                src is not None
-                and dst is not None
-                and src.healthy
-                and dst.healthy
-                and t.source != t.target
-                and rid not in migrating
-                and t.source in self._stage_of
-                and t.target in self._stage_of
-            )
-            if ok and changed is not None and t.source not in changed:
-                continue
-            r = resident(t.source).get(rid) if ok else None
-            if r is None or r.migrating:
-                del self._queue[rid]
-                continue
-            j = self._stage_of[t.source]
-            if t.reason == "handover" and (j == last or r.context_tokens < bounds[j + 1]):
-                del self._queue[rid]
-                continue
-            t.tokens = r.context_tokens
-
-    def _start_transfers(
-        self,
-        by_id: Mapping[int, UnitLoad],
-        blocker: dict[int, str],
-        inflight: int,
-        queued_out: dict[int, int],
-        resident: Callable[[int], dict[str, RunningRequest]],
-    ) -> tuple[Migration, ...]:
-        slots = self.max_transfers - inflight
-        started: list[Migration] = []
-        used_receivers: set[int] = set()
-        reserved: dict[int, int] = {}
-
-        def kv_ok(t: _Transfer) -> bool:
-            """Still resident and not moving, and the receiver has room (else: drop, ask again later)."""
-            r = resident(t.source).get(t.request_id)
-            if r is None or r.migrating:
-                return False
-            t.tokens = r.context_tokens
-            return by_id[t.target].free_kv_tokens - reserved.get(t.target, 0) >= t.tokens
-
-        def start(t: _Transfer, reason: str) -> None:
-            nonlocal slots
-            started.append(Migration(t.request_id, t.source, t.target, reason))
-            del self._queue[t.request_id]
-            blocker[t.source] = t.request_id
-            used_receivers.add(t.target)
-            reserved[t.target] = reserved.get(t.target, 0) + t.tokens
-            slots -= 1
-
-        starving = sorted(
-            (t for t in self._queue.values() if t.starving),
-            key=lambda t: (-t.skips, -queued_out[t.source], t.seq),
-        )
-        for t in starving:
-            if slots <= 0:
-                break
-            if t.source in blocker or t.target in used_receivers:
-                continue
-            if not kv_ok(t):
-                del self._queue[t.request_id]
-                continue
-            start(t, "starvation")
-        waiting = {t.target for t in self._queue.values() if t.starving}
-        by_target: dict[int, list[_Transfer]] = {}
-        for t in self._queue.values():
-            by_target.setdefault(t.target, []).append(t)
-        for rcv in sorted(by_target):
-            if slots <= 0:
-                break
-            if rcv in waiting or rcv in used_receivers:
-                continue
-            for t in sorted(by_target[rcv], key=lambda t: (-queued_out[t.source], t.seq)):
-                busy_with = blocker.get(t.source)
-                if busy_with is not None:
-                    if busy_with != t.last_blocker:
-                        t.last_blocker = busy_with
-                        t.skips += 1
-                        if t.skips > self.starvation_limit:
-                            t.starving = True
-                            break  # the receiver now waits for this one
-                    continue
-                if not kv_ok(t):
-                    del self._queue[t.request_id]
-                    continue
-                start(t, t.reason)
-                break
-        return tuple(started)
-
-
-_IS_MIGRATING = operator.attrgetter("migrating")
-
-
-def _demand(u: UnitLoad) -> int:
-    """Memory demand of a unit (section 4.4): tokens in KV plus prompt tokens queued for prefill."""
-    return u.kv_tokens + u.queued_prefill_tokens
-
-
-def _pairs(u: UnitLoad) -> list[LengthPair]:
-    return [(r.prompt_tokens, max(r.context_tokens, r.prompt_tokens)) for r in u.requests]
+        self._recent.remember(list(by_id.values()))
+        if self._stages.refine(by_id, self.qoe_coefficients, alpha=self.alpha, freeze_below=self.freeze_below):
+            self._bidask.rescan()
