@@ -184,7 +184,7 @@ def experiments(jobs: int, *, quick: bool) -> list[dict[str, Any]]:
                      "units": 8, "chunk": 3072, "dispatch": d, "lockstep": lockstep, "params": SBS_PARAMS}
                 )
     # 2. Decode placement in the decode pool.
-    for rate in (8, 12):
+    for rate in (12, 24):
         for d in (*BASELINES, "sbs"):
             specs.append(
                 {"exp": "decode", "workload": DECODE, "rate": rate, "n": n2, "units": 12, "prefill_units": 4,
