@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import socket
 import sys
@@ -24,7 +25,7 @@ import msgspec
 from websockets.exceptions import WebSocketException
 
 from agent.bench import BenchConfig, build_units, split_params
-from agent.client import AgentError, open_session, stream
+from agent.client import AgentError, open_session, stream_batches
 from agent.engine.profiles import load_profile
 from agent.hub import Hub
 from agent.node import Node
@@ -116,6 +117,9 @@ def add_serve_commands(sub: Any) -> None:
     rec.add_argument("uris", nargs="+", metavar="URI")
     rec.add_argument("--db", type=Path, required=True)
     rec.add_argument("--flush-s", type=float, default=1.0, help="flush at least this often (default 1 s)")
+    rec.add_argument("--retention", type=_duration_s, metavar="DURATION",
+                     help="keep this much history (e.g. 7d, 12h, 1h30m): older events are deleted at the start "
+                     "and then every tenth of it, at most an hour apart (default: keep everything)")
 
 
 # -- agent --------------------------------------------------------------------------------------------------
@@ -279,7 +283,14 @@ class EventWriter(Protocol):
     def write(self, events: Sequence[Event]) -> None: ...
     def flush(self) -> None: ...
     def last_seq(self, node_id: str, boot_ns: int | None = None) -> int: ...
+    def prune(self, older_than_ns: int) -> int: ...
     def close(self) -> None: ...
+
+
+def _duration_s(text: str) -> float:
+    from store.cli import duration_s  # lazily, as the writer: the store loads only when recording
+
+    return duration_s(text)
 
 
 def _store_writer(path: Path) -> EventWriter:
@@ -290,50 +301,49 @@ def _store_writer(path: Path) -> EventWriter:
 
 
 def cmd_record(args: argparse.Namespace, console: object = None) -> int:
-    return asyncio.run(record(args.uris, args.db, flush_s=args.flush_s, install_signals=True))
+    return asyncio.run(record(args.uris, args.db, flush_s=args.flush_s, retention_s=args.retention,
+                              install_signals=True))
+
+
+RECORD_QUEUE_FRAMES = 64
+"""Frames received and not yet handed to the writer, at most (then the readers wait: TCP slows the agents'
+senders, whose queues drop the oldest events, which the recorder fetches again)."""
 
 
 async def record(
     uris: Sequence[str], db: Path, *, flush_s: float = 1.0, writer_factory: Callable[[Path], EventWriter] | None = None,
-    stop: asyncio.Event | None = None, install_signals: bool = False, batch_size: int = 2000,
+    stop: asyncio.Event | None = None, install_signals: bool = False, batch_size: int = 8192,
+    retention_s: float | None = None,
 ) -> int:
-    """Subscribe to every agent in ``uris`` and write stream events (seq > 0) until ``stop`` (or a signal)."""
+    """Subscribe to every agent in ``uris`` and write stream events (seq > 0) until ``stop`` (or a signal).
+
+    Frames go to the writer whole (up to ``batch_size`` events per ``write``, in a worker thread), committed at
+    least every ``flush_s``. Each agent is resumed where the store stops in its current run, and events the
+    agent dropped for this recorder are fetched again (duplicates are stored once). ``retention_s``: delete
+    events older than that, at the start and then every tenth of it (at most an hour apart).
+    """
     stop = stop or asyncio.Event()
     if install_signals:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     writer = (writer_factory or _store_writer)(db)
-    queue: asyncio.Queue[Event] = asyncio.Queue(50_000)
-
-    def resume_from(hello: NodeHello) -> int:
-        # Sequence numbers restart with every agent run: resume within the run this hello announces.
-        return writer.last_seq(hello.node_id, hello.boot_ns)
-
-    async def follow(uri: str) -> None:
-        async for event in stream(uri, resume_after_seq=resume_from):
-            if isinstance(event, NodeHello):
-                print(f"trackside record: {uri}: node {event.node_id}", file=sys.stderr)
-                await queue.put(event)  # the store starts (or continues) this run's rows at its hello
-            elif event.seq:
-                await queue.put(event)
-            else:
-                log.warning("%s: %s", uri, getattr(event, "message", event))
-
-    tasks = [asyncio.create_task(follow(u)) for u in uris]
+    frames: asyncio.Queue[Sequence[Event]] = asyncio.Queue(RECORD_QUEUE_FRAMES)
+    tasks = [asyncio.create_task(_follow(uri, writer, frames)) for uri in uris]
     last_flush = time.monotonic()
+    next_prune = last_flush if retention_s else math.inf
     try:
         while not stop.is_set():
-            batch: list[Event] = []
-            with contextlib.suppress(TimeoutError):
-                batch.append(await asyncio.wait_for(queue.get(), flush_s / 4))
-            while batch and len(batch) < batch_size and not queue.empty():
-                batch.append(queue.get_nowait())
-            if batch:
-                await asyncio.to_thread(writer.write, batch)
-            if time.monotonic() - last_flush >= flush_s:
+            events = await _take_events(frames, batch_size, flush_s / 4)
+            if events:
+                await asyncio.to_thread(writer.write, events)
+            now = time.monotonic()
+            if now - last_flush >= flush_s:
                 await asyncio.to_thread(writer.flush)
                 last_flush = time.monotonic()
+            if retention_s and now >= next_prune:
+                await asyncio.to_thread(_prune, writer, retention_s)
+                next_prune = now + min(retention_s / 10, 3600.0)
             failed = [t for t in tasks if t.done() and t.exception() is not None]
             if failed:
                 raise failed[0].exception()  # type: ignore[misc]
@@ -344,14 +354,53 @@ async def record(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        rest = []
-        while not queue.empty():
-            rest.append(queue.get_nowait())
+        rest = await _take_events(frames, math.inf, 0.0)
         if rest:
             writer.write(rest)
         writer.flush()
         writer.close()
     return 0
+
+
+async def _follow(uri: str, writer: EventWriter, frames: asyncio.Queue[Sequence[Event]]) -> None:
+    """Queue one agent's stream, a frame at a time, for the writer: its hellos and its stream events (notices
+    are logged, not stored)."""
+
+    def resume_from(hello: NodeHello) -> int:
+        # Sequence numbers restart with every agent run: resume within the run this hello announces.
+        return writer.last_seq(hello.node_id, hello.boot_ns)
+
+    async for events in stream_batches(uri, resume_after_seq=resume_from, refetch_dropped=True):
+        first = events[0]
+        if isinstance(first, NodeHello):
+            print(f"trackside record: {uri}: node {first.node_id}", file=sys.stderr)
+            await frames.put(events)  # the store starts (or continues) this run's rows at its hello
+            continue
+        stored = [e for e in events if e.seq]
+        if len(stored) < len(events):
+            for notice in events:
+                if not notice.seq:
+                    log.warning("%s: %s", uri, getattr(notice, "message", notice))
+        if stored:
+            await frames.put(stored)
+
+
+async def _take_events(frames: asyncio.Queue[Sequence[Event]], limit: float, timeout_s: float) -> list[Event]:
+    """The events of the queued frames, whole frames until ``limit`` events or more; waits at most
+    ``timeout_s`` for a first frame."""
+    events: list[Event] = []
+    if frames.empty() and timeout_s > 0:
+        with contextlib.suppress(TimeoutError):
+            events.extend(await asyncio.wait_for(frames.get(), timeout_s))
+    while len(events) < limit and not frames.empty():
+        events.extend(frames.get_nowait())
+    return events
+
+
+def _prune(writer: EventWriter, retention_s: float) -> None:
+    cutoff_ns = time.time_ns() - round(retention_s * 1e9)
+    num = writer.prune(cutoff_ns)
+    log.info("pruned %d rows older than %s s", num, retention_s)
 
 
 SERVE_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {

@@ -2,12 +2,15 @@
 
 * :func:`open_session` - one connection (no reconnect): ``await session.call(Status())`` sends a request
   (token and ``control_id`` filled in) and returns its reply; events of a subscription arrive through
-  :meth:`AgentSession.next_event`.
-* :func:`stream` - events with reconnect: ``async for ws in connect(...)`` with delays from an injectable
-  generator (``delays``); after a reconnect it subscribes again with ``resume_after_seq`` set to the last
-  sequence number it saw, so nothing is missed while the agent's replay buffer still holds it (otherwise
-  the agent announces the gap with an ``alert``). A restarted agent (new ``boot_ns``) starts a new stream:
-  the resume position is then asked again from ``resume_after_seq``.
+  :meth:`AgentSession.next_batch` (a frame's events) or :meth:`AgentSession.next_event`.
+* :func:`stream_batches` and :func:`stream` - events with reconnect: ``async for ws in connect(...)`` with
+  delays from an injectable generator (``delays``); they subscribe with batch frames on
+  (:data:`DEFAULT_MAX_BATCH`) and, after a reconnect, with ``resume_after_seq`` set to the last sequence
+  number they saw and ``resume_boot_ns`` to its run, so nothing is missed while the agent's replay buffer
+  still holds it (otherwise the agent announces the gap with an ``alert``); an agent that restarted in
+  between (new ``boot_ns``, sequence numbers from 1 again) sends its new run from the start.
+
+Agents of protocol 1 (no batch frames, no ``resume_boot_ns``) are refused with a clear :class:`AgentError`.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import itertools
 import logging
 import random
 import ssl
-from collections.abc import AsyncIterator, Callable, Collection, Generator
-from typing import Any
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Sequence
+from typing import Any, Final
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
@@ -28,15 +32,20 @@ from websockets.exceptions import ConnectionClosed
 from agent.protocol import (
     CODECS,
     MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    Alert,
+    AlertCode,
     ControlRequest,
     ErrorCode,
     ErrorReply,
     Event,
+    EventBatch,
     Format,
     NodeHello,
     ProtocolError,
     Reply,
     Subscribe,
+    Subscribed,
 )
 
 log = logging.getLogger(__name__)
@@ -45,6 +54,8 @@ Delays = Callable[[], Generator[float]]
 """A factory of reconnect delays in seconds (a fresh generator after every successful connection)."""
 ResumeFrom = int | None | Callable[[NodeHello], int | None]
 """Where a new stream starts: after this seq (None: live only), or asked of the hello (e.g. a store)."""
+DEFAULT_MAX_BATCH: Final = 512
+"""Events per frame these clients ask for (``Subscribe.max_batch``): batch frames are on by default."""
 
 
 def backoff(
@@ -67,9 +78,10 @@ class AgentError(Exception):
 
 
 class AgentSession:
-    """One open connection: its hello, replies matched to calls by ``control_id``, and a queue of events."""
+    """One open connection: its hello, replies matched to calls by ``control_id``, and a queue of frames (the
+    events of one frame travel together: one queue hop per frame, not per event)."""
 
-    def __init__(self, ws: ClientConnection, *, token: str = "", fmt: Format = "msgpack", max_events: int = 10_000):
+    def __init__(self, ws: ClientConnection, *, token: str = "", fmt: Format = "msgpack", max_frames: int = 64):
         self.ws = ws
         self.token = token
         self.fmt: Format = fmt
@@ -77,7 +89,9 @@ class AgentSession:
         self._ids = itertools.count(1)
         self._prefix = f"c{random.getrandbits(32):08x}-"
         self._pending: dict[str, asyncio.Future[Reply]] = {}
-        self._events: asyncio.Queue[Event | None] = asyncio.Queue(max_events)
+        self._frames: asyncio.Queue[Sequence[Event] | None] = asyncio.Queue(max_frames)
+        self._unread: deque[Event] = deque()
+        """Events of a frame that :meth:`next_event` has not returned yet."""
         self._reader: asyncio.Task[None] | None = None
         self._close_exc: ConnectionClosed | None = None
 
@@ -97,6 +111,19 @@ class AgentSession:
 
     async def call(self, request: ControlRequest, timeout_s: float = 10.0) -> Reply:
         """Send ``request`` (with this session's token and a fresh ``control_id``) and await its reply."""
+        cid, future = await self._send(request)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._pending.pop(cid, None)
+
+    async def send(self, request: ControlRequest) -> asyncio.Future[Reply]:
+        """Send ``request`` as :meth:`call` does, without waiting: the returned future gets its reply (events
+        sent before the reply may still be queued then)."""
+        _, future = await self._send(request)
+        return future
+
+    async def _send(self, request: ControlRequest) -> tuple[str, asyncio.Future[Reply]]:
         cid = request.control_id or f"{self._prefix}{next(self._ids)}"
         changes: dict[str, Any] = {"control_id": cid}
         if request.needs_token and not request.token:
@@ -104,20 +131,34 @@ class AgentSession:
         request = msgspec.structs.replace(request, **changes)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[cid] = future
+        data = CODECS[self.fmt].encode(request)
         try:
-            data = CODECS[self.fmt].encode(request)
             await self.ws.send(data.decode() if self.fmt == "json" else data)
-            return await asyncio.wait_for(future, timeout_s)
-        finally:
+        except BaseException:
             self._pending.pop(cid, None)
+            raise
+        return cid, future
+
+    async def next_batch(self) -> Sequence[Event]:
+        """The events of the next frame (one, or an ``EventBatch``'s), in stream order; raises
+        ``ConnectionClosed`` when the connection is gone."""
+        if self._unread:
+            events = tuple(self._unread)
+            self._unread.clear()
+            return events
+        if self._frames.empty() and self._reader is not None and self._reader.done():
+            raise self._closed()  # the reader could not queue its end marker: the queue was full then
+        events = await self._frames.get()
+        if events is None:
+            self._frames.put_nowait(None)  # keep telling later callers
+            raise self._closed()
+        return events
 
     async def next_event(self) -> Event:
         """The next event or notice; raises ``ConnectionClosed`` when the connection is gone."""
-        event = await self._events.get()
-        if event is None:
-            self._events.put_nowait(None)  # keep telling later callers
-            raise self._closed()
-        return event
+        if not self._unread:
+            self._unread.extend(await self.next_batch())
+        return self._unread.popleft()
 
     def _closed(self) -> ConnectionClosed:
         return self._close_exc or ConnectionClosed(None, None)
@@ -132,14 +173,12 @@ class AgentSession:
                 except ProtocolError as exc:
                     log.warning("undecodable frame from the agent: %s", exc)
                     continue
-                if isinstance(message, Reply):
-                    future = self._pending.get(message.control_id)
-                    if future is not None and not future.done():
-                        future.set_result(message)
-                    elif isinstance(message, ErrorReply):
-                        log.warning("agent error without a pending call: %s: %s", message.code, message.message)
+                if isinstance(message, EventBatch):
+                    await self._frames.put(message.events)  # bounded: a slow consumer slows the reads
+                elif isinstance(message, Reply):
+                    self._reply(message)
                 else:
-                    await self._events.put(message)  # bounded: a slow consumer slows the reads, not the agent
+                    await self._frames.put((message,))
         except ConnectionClosed as exc:
             self._close_exc = exc
         finally:
@@ -147,7 +186,14 @@ class AgentSession:
                 if not future.done():
                     future.set_exception(self._closed())
             with contextlib.suppress(asyncio.QueueFull):
-                self._events.put_nowait(None)
+                self._frames.put_nowait(None)
+
+    def _reply(self, reply: Reply) -> None:
+        future = self._pending.pop(reply.control_id, None)
+        if future is not None and not future.done():
+            future.set_result(reply)
+        elif isinstance(reply, ErrorReply):
+            log.warning("agent error without a pending call: %s: %s", reply.code, reply.message)
 
 
 def _connect(uri: str, fmt: Format, ssl_context: ssl.SSLContext | None, **kwargs: Any) -> connect:
@@ -173,22 +219,33 @@ async def open_session(
             await session.close()
 
 
-async def stream(
+async def stream_batches(
     uri: str,
     *,
     resume_after_seq: ResumeFrom = None,
+    resume_boot_ns: int | None = None,
     unit_ids: Collection[int] | None = None,
     kinds: Collection[str] | None = None,
     delays: Delays = backoff,
     fmt: Format = "msgpack",
     ssl_context: ssl.SSLContext | None = None,
     open_timeout_s: float = 10.0,
-) -> AsyncIterator[Event]:
-    """Events of an agent for as long as the caller iterates, across reconnects.
+    max_batch: int = DEFAULT_MAX_BATCH,
+    refetch_dropped: bool = False,
+) -> AsyncIterator[Sequence[Event]]:
+    """Events of an agent, a frame's worth at a time, for as long as the caller iterates, across reconnects.
 
-    Yields each connection's :class:`NodeHello` (seq 0), then the stream's events and this subscriber's
-    notices (``alert`` frames with seq 0: flow control, gaps). Raises :class:`AgentError` when the agent
-    refuses the subscription for another reason than a stale resume position.
+    Yields each connection's :class:`NodeHello` (seq 0) alone, then the events and this subscriber's notices
+    (``alert`` frames with seq 0: flow control, gaps) of each frame together, in stream order. An integer
+    ``resume_after_seq`` counts in the run ``resume_boot_ns`` (None: whichever run the agent is in); one asked
+    of the hello counts in the hello's run. After a reconnect the stream resumes after the last sequence number
+    it yielded, in the run it came from: an agent that restarted in between sends its new run from the start.
+
+    ``refetch_dropped``: when the agent announces events dropped for this subscriber (``flow_control``), subscribe
+    again from the first of them, so a reader that fell behind loses nothing the agent still buffers; events
+    after that point then arrive a second time (a consumer that keeps one copy per sequence number, like the
+    store, loses and duplicates nothing). Raises :class:`AgentError` when the agent refuses the subscription
+    for another reason than a stale resume position, or speaks an older protocol.
     """
     last_seq: int | None = None
     boot_ns: int | None = None
@@ -196,30 +253,102 @@ async def stream(
         session = AgentSession(ws, fmt=fmt)
         try:
             hello = await session.start(open_timeout_s)
-            if boot_ns is not None and hello.boot_ns != boot_ns:
-                log.warning("%s restarted: its sequence numbers start again", uri)
-                last_seq = None
-            boot_ns = hello.boot_ns
+            _require_version(uri, hello)
             if last_seq is not None:
-                position: int | None = last_seq
+                position, position_boot = last_seq, boot_ns
+            elif callable(resume_after_seq):
+                position, position_boot = resume_after_seq(hello), hello.boot_ns
             else:
-                position = resume_after_seq(hello) if callable(resume_after_seq) else resume_after_seq
-            request = Subscribe(resume_after_seq=position, unit_ids=None if unit_ids is None else tuple(unit_ids),
+                position, position_boot = resume_after_seq, resume_boot_ns
+            boot_ns = hello.boot_ns
+            request = Subscribe(resume_after_seq=position, resume_boot_ns=position_boot, max_batch=max_batch,
+                                unit_ids=None if unit_ids is None else tuple(unit_ids),
                                 kinds=None if kinds is None else tuple(kinds))
-            reply = await session.call(request)
-            if isinstance(reply, ErrorReply) and reply.code == ErrorCode.BAD_RESUME_SEQ:
-                log.warning("%s: %s; taking everything it still buffers", uri, reply.message)
-                reply = await session.call(msgspec.structs.replace(request, resume_after_seq=0, control_id=""))
-            if isinstance(reply, ErrorReply):
-                raise AgentError(reply)
-            yield hello
+            await _subscribe(uri, session, request)
+            yield (hello,)
+            refetch = _Refetch(session, request, hello.boot_ns) if refetch_dropped else None
             while True:
-                event = await session.next_event()
-                if event.seq:
-                    last_seq = event.seq
-                yield event
+                events = await session.next_batch()
+                if refetch is not None:
+                    await refetch.check(events)
+                seq = _last_seq(events)
+                if seq:
+                    last_seq = seq
+                yield events
         except (ConnectionClosed, OSError, TimeoutError) as exc:
             log.info("%s: connection lost (%r); reconnecting", uri, exc)
             continue
         finally:
             await session.close()
+
+
+async def stream(uri: str, **options: Any) -> AsyncIterator[Event]:
+    """The events of :func:`stream_batches` (same options) one at a time."""
+    async for events in stream_batches(uri, **options):
+        for event in events:
+            yield event
+
+
+def _require_version(uri: str, hello: NodeHello) -> None:
+    if hello.protocol_version < PROTOCOL_VERSION:
+        raise AgentError(ErrorReply(
+            code=ErrorCode.UNSUPPORTED_VERSION,
+            message=f"{uri} speaks protocol {hello.protocol_version}; this client needs {PROTOCOL_VERSION} "
+            "(upgrade the agent)",
+        ))
+
+
+async def _subscribe(uri: str, session: AgentSession, request: Subscribe) -> None:
+    """Subscribe; a position ahead of the stream takes everything the agent buffers instead."""
+    reply = await session.call(request)
+    if isinstance(reply, ErrorReply) and reply.code == ErrorCode.BAD_RESUME_SEQ:
+        log.warning("%s: %s; taking everything it still buffers", uri, reply.message)
+        request = msgspec.structs.replace(request, resume_after_seq=0, control_id="")
+        reply = await session.call(request)
+    if isinstance(reply, ErrorReply):
+        raise AgentError(reply)
+    payload = reply.payload
+    if isinstance(payload, Subscribed) and payload.resumed_after_seq not in (None, request.resume_after_seq):
+        log.warning("%s restarted since seq %s of its run %s: taking its new run from the start", uri,
+                    request.resume_after_seq, request.resume_boot_ns)
+
+
+def _last_seq(events: Sequence[Event]) -> int:
+    """The sequence number of the last stream event (not a notice) of ``events``; 0 if none."""
+    for event in reversed(events):
+        if event.seq:
+            return event.seq
+    return 0
+
+
+class _Refetch:
+    """Subscribes again from the first dropped event whenever the agent announces drops (``flow_control``).
+
+    While a refetch is under way, drops announced by the replaced subscription (frames already on their way)
+    are ignored: the refetch's replay covers them. It is under way until its first event (the first dropped
+    one) or its ``gap`` alert (that event is no longer buffered) arrives.
+    """
+
+    def __init__(self, session: AgentSession, request: Subscribe, boot_ns: int) -> None:
+        self._session = session
+        self._request = request
+        self._boot_ns = boot_ns
+        self._awaiting: int | None = None
+        """The first sequence number the refetch under way will send."""
+
+    async def check(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if event.seq:
+                if event.seq == self._awaiting:
+                    self._awaiting = None
+            elif isinstance(event, Alert):
+                if event.code == AlertCode.GAP:
+                    self._awaiting = None
+                elif event.code == AlertCode.FLOW_CONTROL and event.first_seq and self._awaiting is None:
+                    await self._refetch(event.first_seq)
+
+    async def _refetch(self, first_seq: int) -> None:
+        log.warning("events %d.. were dropped for this subscriber: fetching them again", first_seq)
+        self._awaiting = first_seq
+        await self._session.send(msgspec.structs.replace(
+            self._request, resume_after_seq=first_seq - 1, resume_boot_ns=self._boot_ns, control_id=""))

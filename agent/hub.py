@@ -210,14 +210,19 @@ class Hub:
 
         The backlog (a ``gap`` alert when part of the resume is gone, then the buffered events the filter
         wants) is sent before the subscription's queue; it does not count against the live queue bound, so a
-        long resume never drops its own events. ``notify`` is called when the subscription has new frames.
+        long resume never drops its own events. A resume position of another run of the agent
+        (``resume_boot_ns`` is not :attr:`boot_ns`) restarts from this run's first event; the reply's
+        ``resumed_after_seq`` (0) says so. ``notify`` is called when the subscription has new frames.
         """
         sub = Subscription.from_request(request, self.node_id, max_queued=self.max_queued,
                                         get_time_ns=self._get_time_ns)
         backlog: list[Event] = []
-        if request.resume_after_seq is not None:
+        position = request.resume_after_seq
+        if position is not None and request.resume_boot_ns not in (None, self.boot_ns):
+            position = 0  # its sequence numbers counted in an earlier run: none of them is this run's
+        if position is not None:
             try:
-                replay = self.replay.since(request.resume_after_seq)
+                replay = self.replay.since(position)
             except ResumeError as exc:
                 return None, ErrorReply(control_id=request.control_id, code=exc.code, message=str(exc)), []
             if replay.gap is not None:
@@ -227,8 +232,8 @@ class Hub:
                                      last_seq=last))
             backlog.extend(e for e in replay.events if sub.wants(e))
         self.subscriptions[sub] = notify
-        reply = OkReply(control_id=request.control_id,
-                        payload=Subscribed(last_seq=self.replay.last_seq, num_replayed=len(backlog)))
+        reply = OkReply(control_id=request.control_id, payload=Subscribed(
+            last_seq=self.replay.last_seq, num_replayed=len(backlog), resumed_after_seq=position))
         return sub, reply, backlog
 
     def unsubscribe(self, sub: Subscription) -> None:

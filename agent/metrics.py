@@ -12,6 +12,7 @@ are prefixed ``trackside_``.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,10 +36,9 @@ class _Histogram:
     def observe(self, value: float) -> None:
         self.total += value
         self.count += 1
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-                break
+        i = bisect_left(self.bounds, value)  # the first bucket whose bound is >= value; none past the last
+        if i < len(self.counts):
+            self.counts[i] += 1
 
 
 @dataclass(slots=True)

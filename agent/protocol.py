@@ -18,7 +18,9 @@ no vLLM, torch, engine or UI code: the console and the store import it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Final, Literal, cast, get_args
 
 import msgspec
@@ -26,11 +28,19 @@ import msgspec
 from policies.params import ParamValue
 from policies.types import ReasonValue, StepMode
 
-PROTOCOL_VERSION: Final = 1
-"""Bumped on any change that an older peer cannot decode (a removed or retyped field, a new required one)."""
+PROTOCOL_VERSION: Final = 2
+"""Bumped on any change that an older peer cannot decode (a removed or retyped field, a new required one, a new
+kind of frame). 2: :class:`EventBatch` frames, ``Subscribe.max_batch`` and ``Subscribe.resume_boot_ns``."""
+
+MIN_PROTOCOL_VERSION: Final = 1
+"""The oldest protocol whose subscriptions an agent still serves: a version-1 subscriber gets the version-1
+stream (one event per frame; its resume position counts in the agent's current run)."""
 
 MAX_FRAME_BYTES: Final = 1 << 20
 """Frames longer than this are refused before decoding (bytes, or characters for a text frame)."""
+
+MAX_BATCH_EVENTS: Final = 4096
+"""The most events a subscriber may ask for in one :class:`EventBatch` (``Subscribe.max_batch``)."""
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -73,8 +83,13 @@ class ProtocolError(ValueError):
 
 
 # -- events ------------------------------------------------------------------------------------------------
-class EventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
-    """Fields every event carries."""
+class EventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", gc=False):
+    """Fields every event carries.
+
+    Events are not tracked by the cyclic garbage collector (``gc=False``): they hold only scalars, tuples of
+    structs and maps of scalars, so they cannot form a cycle, and the agent's replay buffer and a recorder's
+    pending rows (hundreds of thousands of events) would otherwise be scanned by every full collection.
+    """
 
     seq: int = 0
     """Position in the node's stream, from 1, assigned by ``agent.wire.Sequencer``; 0 marks a notice made
@@ -343,6 +358,13 @@ Event = (
 """Everything an agent streams."""
 
 
+class EventBatch(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="batch"):
+    """Several events in one frame, in stream order (protocol 2; only to a subscriber that set
+    ``Subscribe.max_batch`` above 1). Any event or notice may be in it; a lone event still travels alone."""
+
+    events: tuple[Event, ...]
+
+
 def _tags(union: object) -> frozenset[str]:
     return frozenset(str(cls.__struct_config__.tag) for cls in get_args(union))
 
@@ -419,6 +441,14 @@ class Subscribe(RequestBase, frozen=True, kw_only=True, tag="subscribe"):
     """Event kinds (:data:`EVENT_KINDS`); None: all."""
     resume_after_seq: NonNegative | None = None
     """The last sequence number the client has; the stream restarts after it (None: live only)."""
+    resume_boot_ns: int | None = None
+    """The run of the agent (its hello's ``boot_ns``) that ``resume_after_seq`` counts in; None: the current
+    run. When it names another run (the agent restarted, its sequence numbers with it), the stream restarts
+    from the first event this run still buffers, after a ``gap`` alert when that is not seq 1."""
+    max_batch: Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_EVENTS)] = 1
+    """Events per frame at most: above 1, whatever is queued for this subscriber when it can send goes as one
+    :class:`EventBatch` (never waiting for more; at most :data:`MAX_FRAME_BYTES` bytes); 1: one event per
+    frame. Needs ``protocol_version`` 2."""
 
 
 ControlRequest = (
@@ -450,6 +480,9 @@ class Subscribed(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", ta
     """The stream's position when the subscription started."""
     num_replayed: int = 0
     """Buffered events queued for this subscriber by the resume."""
+    resumed_after_seq: int | None = None
+    """Where the stream restarts: the request's ``resume_after_seq``, or 0 when its ``resume_boot_ns`` named
+    another run of the agent (None: live only)."""
 
 
 Payload = StatusInfo | PolicyList | ControlAudit | Subscribed
@@ -468,9 +501,9 @@ class ErrorReply(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", ta
 
 
 Reply = OkReply | ErrorReply
-AgentFrame = Event | Reply
+AgentFrame = Event | EventBatch | Reply
 """Anything a client receives."""
-Message = Event | ControlRequest | Reply
+Message = Event | EventBatch | ControlRequest | Reply
 
 
 # -- codecs --------------------------------------------------------------------------------------------------
@@ -490,7 +523,10 @@ class Codec:
             raise ValueError(f"unknown format {fmt!r} (msgpack or json)")
         self.format: Format = fmt
         self.max_frame_bytes = max_frame_bytes
-        self._encode = msgspec.msgpack.Encoder().encode if fmt == "msgpack" else msgspec.json.Encoder().encode
+        encoder = msgspec.msgpack.Encoder() if fmt == "msgpack" else msgspec.json.Encoder()
+        self._encode = encoder.encode
+        self._encode_into = encoder.encode_into
+        self._batch = _BATCH_FRAMING[fmt]
         self._events = _decoder(fmt, Event)
         self._requests = _decoder(fmt, ControlRequest)
         self._agent_frames = _decoder(fmt, AgentFrame)
@@ -498,6 +534,35 @@ class Codec:
 
     def encode(self, message: Message) -> bytes:
         return self._encode(message)
+
+    def encode_batch(self, events: Sequence[Event], max_bytes: int | None = None) -> tuple[bytes, int]:
+        """An :class:`EventBatch` frame of the longest prefix of ``events`` that fits in ``max_bytes`` (default:
+        this codec's frame limit), and how many events it holds: at least one, even one alone over the limit.
+
+        The whole batch is encoded in one call; only when that is too long is it built again event by event,
+        each encoded straight into the frame until the next one would not fit. The frame decodes as
+        ``EventBatch(events=tuple(events[:n]))``.
+        """
+        limit = self.max_frame_bytes if max_bytes is None else max_bytes
+        whole = self._encode(EventBatch(events=tuple(events)))
+        if len(whole) <= limit:
+            return whole, len(events)
+        framing = self._batch
+        frame = bytearray(framing.head)
+        budget = limit - len(framing.tail)
+        encode_into = self._encode_into
+        num = 0
+        for event in events:
+            mark = len(frame)
+            if num:
+                frame += framing.separator
+            encode_into(event, frame, -1)
+            if len(frame) > budget and num:
+                del frame[mark:]
+                break
+            num += 1
+        framing.finish(frame, num)
+        return bytes(frame), num
 
     def decode_event(self, frame: bytes | str) -> Event:
         """What the store and replay read."""
@@ -575,6 +640,30 @@ def _decoder(fmt: Format, type_: Any) -> Callable[[Any], Any]:
 
 
 _AGENT_FRAME_KINDS: Final = _tags(AgentFrame)
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchFraming:
+    """How a format writes an :class:`EventBatch` around events encoded one after the other."""
+
+    head: bytes
+    separator: bytes
+    tail: bytes
+    count_at: int | None
+    """MessagePack: where the array's 32-bit length goes (known only at the end); JSON has no count."""
+
+    def finish(self, frame: bytearray, num_events: int) -> None:
+        if self.count_at is not None:
+            struct.pack_into(">I", frame, self.count_at, num_events)
+        frame += self.tail
+
+
+_MSGPACK_HEAD = b"\x82\xa4kind\xa5batch\xa6events\xdd\x00\x00\x00\x00"
+"""``{"kind": "batch", "events": [...]}``: a map of two, then an array in its 32-bit form (``0xdd``, length)."""
+_BATCH_FRAMING: Final[dict[Format, _BatchFraming]] = {
+    "msgpack": _BatchFraming(_MSGPACK_HEAD, b"", b"", count_at=len(_MSGPACK_HEAD) - 4),
+    "json": _BatchFraming(b'{"kind":"batch","events":[', b",", b"]}", count_at=None),
+}
 
 MSGPACK: Final = Codec("msgpack")
 """Binary frames (the default for agents and the store)."""

@@ -5,7 +5,9 @@ Thin asyncio over the Sans-I/O parts (``agent.wire``, ``agent.hub``): one task d
 loop every few milliseconds, and sleeps until the next event otherwise, never blocking the loop); each
 connection has a reader (control frames, answered in order) and one sender task that drains its own
 replies and its own bounded :class:`~agent.wire.Subscription`. The node never waits for a subscriber: a
-slow one loses its oldest events, counted and announced by its subscription.
+slow one loses its oldest events, counted and announced by its subscription. A subscriber that set
+``max_batch`` gets whatever is queued for it as one :class:`~agent.protocol.EventBatch` frame per send (so
+under load there are far fewer frames and ``send`` calls; at low load one event still goes alone, at once).
 
 Frames: binary frames are MessagePack, text frames JSON; a connection answers in the format of the last
 frame it received (before any, in ``?format=json|msgpack`` of its URL, default MessagePack). The first
@@ -52,12 +54,33 @@ class _Connection:
         self.replies.append(frame)
         self.wake.set()
 
-    def next_frame(self) -> AgentFrame | None:
+    def next_message(self) -> bytes | str | None:
+        """The next frame to send, encoded in the connection's format: a reply first, else what the subscriber
+        has waiting (the resume's backlog first), up to its ``max_batch`` events in one frame; None when there is
+        nothing to send. Never waits for more events: a lone event goes alone."""
+        codec = CODECS[self.fmt]
         if self.replies:
-            return self.replies.popleft()
-        if self.backlog:
-            return self.backlog.popleft()
-        return self.sub.pop() if self.sub is not None else None
+            data = codec.encode(self.replies.popleft())
+        else:
+            events = self._take()
+            if not events:
+                return None
+            if len(events) == 1:
+                data = codec.encode(events[0])
+            else:
+                data, num = codec.encode_batch(events)
+                self.backlog.extendleft(reversed(events[num:]))  # beyond the size cap: first in the next frame
+        return data.decode() if self.fmt == "json" else data
+
+    def _take(self) -> list[Event]:
+        if self.sub is None:
+            return []
+        limit = self.sub.max_batch
+        backlog = self.backlog
+        events = [backlog.popleft() for _ in range(min(limit, len(backlog)))]
+        if len(events) < limit:
+            events += self.sub.pop_many(limit - len(events))
+        return events
 
     def has_frames(self) -> bool:
         return bool(self.replies or self.backlog or (self.sub is not None and len(self.sub)))
@@ -227,13 +250,12 @@ class AgentServer:
     async def _send_loop(self, conn: _Connection) -> None:
         try:
             while True:
-                frame = conn.next_frame()
-                if frame is None:
+                data = conn.next_message()
+                if data is None:
                     conn.wake.clear()
                     await conn.wake.wait()
                     continue
-                data = CODECS[conn.fmt].encode(frame)
-                await conn.ws.send(data.decode() if conn.fmt == "json" else data)
+                await conn.ws.send(data)
         except ConnectionClosed:
             pass
 

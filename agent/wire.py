@@ -29,6 +29,7 @@ from agent.engine.base import RequestOutcome, StepRecord
 from agent.protocol import (
     CODECS,
     EVENT_KINDS,
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     Alert,
     AlertCode,
@@ -178,10 +179,11 @@ class Subscription:
         unit_ids: Collection[int] | None = None,
         kinds: Collection[str] | None = None,
         max_queued: int = 4096,
+        max_batch: int = 1,
         get_time_ns: Callable[[], int] = time.time_ns,
     ) -> None:
-        if max_queued < 1:
-            raise ValueError("max_queued must be at least 1")
+        if max_queued < 1 or max_batch < 1:
+            raise ValueError("max_queued and max_batch must be at least 1")
         unknown = sorted(set(kinds or ()) - EVENT_KINDS)
         if unknown:
             raise ValueError(f"unknown event kinds: {', '.join(unknown)}")
@@ -189,6 +191,8 @@ class Subscription:
         self.unit_ids = frozenset(unit_ids) if unit_ids is not None else None
         self.kinds = frozenset(kinds) if kinds is not None else None
         self.max_queued = max_queued
+        self.max_batch = max_batch
+        """Events per frame at most (1: one event per frame; more: ``EventBatch`` frames)."""
         self._get_time_ns = get_time_ns
         self._queue: deque[Event] = deque()
         self._notices: deque[Alert] = deque()
@@ -204,7 +208,8 @@ class Subscription:
         cls, request: Subscribe, node_id: str, *, max_queued: int = 4096, get_time_ns: Callable[[], int] = time.time_ns
     ) -> Subscription:
         return cls(
-            node_id, unit_ids=request.unit_ids, kinds=request.kinds, max_queued=max_queued, get_time_ns=get_time_ns
+            node_id, unit_ids=request.unit_ids, kinds=request.kinds, max_queued=max_queued,
+            max_batch=request.max_batch, get_time_ns=get_time_ns,
         )
 
     def __len__(self) -> int:
@@ -264,6 +269,24 @@ class Subscription:
         self.num_delivered += 1
         return self._queue.popleft()
 
+    def pop_many(self, limit: int) -> list[Event]:
+        """The next ``limit`` frames at most, in the order :meth:`pop` gives them (one call per batch frame)."""
+        out: list[Event] = []
+        while len(out) < limit and (self._notices or self._drop_count):
+            notice = self.pop()
+            assert notice is not None
+            out.append(notice)
+        queue = self._queue
+        num = min(limit - len(out), len(queue))
+        if num == len(queue):
+            out.extend(queue)
+            queue.clear()
+        else:
+            popleft = queue.popleft
+            out.extend(popleft() for _ in range(num))
+        self.num_delivered += num
+        return out
+
     def _alert(
         self, code: AlertCode, message: str, *, first_seq: int, last_seq: int, num_dropped: int = 0
     ) -> Alert:
@@ -283,7 +306,8 @@ def parse_control(frame: bytes | str, *, fmt: Format = "json") -> ControlRequest
     """A client's command, or the error to send back; never raises on bad input.
 
     The frame size limit is the codec's (:data:`agent.protocol.MAX_FRAME_BYTES`). Beyond decoding, a
-    subscription must speak this protocol version and name only known event kinds.
+    subscription must speak a protocol version this agent serves (:data:`MIN_PROTOCOL_VERSION` to
+    :data:`PROTOCOL_VERSION`), use only its version's fields, and name only known event kinds.
     """
     codec = CODECS[fmt]
     try:
@@ -291,20 +315,27 @@ def parse_control(frame: bytes | str, *, fmt: Format = "json") -> ControlRequest
     except ProtocolError as exc:
         return ErrorReply(control_id=codec.control_id_of(frame), code=exc.code, message=str(exc))
     if isinstance(request, Subscribe):
-        if request.protocol_version != PROTOCOL_VERSION:
-            return ErrorReply(
-                control_id=request.control_id,
-                code=ErrorCode.UNSUPPORTED_VERSION,
-                message=f"this agent speaks protocol {PROTOCOL_VERSION}, not {request.protocol_version}",
-            )
-        unknown = sorted(set(request.kinds or ()) - EVENT_KINDS)
-        if unknown:
-            return ErrorReply(
-                control_id=request.control_id,
-                code=ErrorCode.UNKNOWN_EVENT_KIND,
-                message=f"unknown event kinds {', '.join(unknown)} (known: {', '.join(sorted(EVENT_KINDS))})",
-            )
+        refusal = _refuse_subscription(request)
+        if refusal is not None:
+            code, message = refusal
+            return ErrorReply(control_id=request.control_id, code=code, message=message)
     return request
+
+
+def _refuse_subscription(request: Subscribe) -> tuple[ErrorCode, str] | None:
+    version = request.protocol_version
+    if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+        return ErrorCode.UNSUPPORTED_VERSION, (
+            f"this agent speaks protocol {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}, not {version}"
+        )
+    if version < 2 and (request.max_batch != 1 or request.resume_boot_ns is not None):
+        return ErrorCode.INVALID_FIELD, "max_batch and resume_boot_ns need protocol_version 2"
+    unknown = sorted(set(request.kinds or ()) - EVENT_KINDS)
+    if unknown:
+        return ErrorCode.UNKNOWN_EVENT_KIND, (
+            f"unknown event kinds {', '.join(unknown)} (known: {', '.join(sorted(EVENT_KINDS))})"
+        )
+    return None
 
 
 def token_matches(given: str, expected: str) -> bool:

@@ -1,10 +1,11 @@
-"""``trackside sql`` and ``trackside export``: the store's subcommands, for ``agent.cli`` to register.
+"""``trackside sql``, ``trackside export`` and ``trackside prune``: the store's subcommands, for ``agent.cli``.
 
     trackside sql --db run.duckdb "select policy, count(*) from steps group by all"   # a table
     trackside sql --db run.duckdb --json "..."                                          # or --csv
     trackside export --db run.duckdb --to parquet/
+    trackside prune --db run.duckdb --older-than 7d                                     # delete old events
 
-Wiring: ``add_store_commands(subparsers)`` adds both parsers; :data:`STORE_COMMANDS` maps their names to
+Wiring: ``add_store_commands(subparsers)`` adds the parsers; :data:`STORE_COMMANDS` maps their names to
 handlers with ``agent.cli``'s signature ``(args, console) -> exit status``. Importing this module does not
 load DuckDB (the handlers do), so ``agent.cli`` stays light for its other commands. Handlers print problems (bad SQL, a
 missing file, a file another process is writing) as one line on stderr and return 2; they never raise them.
@@ -17,7 +18,9 @@ import csv
 import datetime as dt
 import decimal
 import json
+import re
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -31,9 +34,27 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 
+_DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_DURATION = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def duration_s(text: str) -> float:
+    """Seconds in a duration such as ``7d``, ``12h``, ``1h30m``, ``90s`` or ``1.5w`` (units s, m, h, d, w);
+    an ``argparse`` type: anything else, or zero, is an ``ArgumentTypeError`` that says what is expected."""
+    spec = text.strip().lower()
+    if not _DURATION.fullmatch(spec):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: give a number and a unit (s, m, h, d or w), e.g. 7d, 12h or 1h30m"
+        )
+    seconds = sum(float(num) * _DURATION_UNITS_S[unit] for num, unit in _DURATION_PART.findall(spec))
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: it must be longer than zero")
+    return seconds
+
 
 def add_store_commands(subparsers: Any) -> None:
-    """Add ``sql`` and ``export`` to an ``argparse`` subparsers object (``parser.add_subparsers()``)."""
+    """Add ``sql``, ``export`` and ``prune`` to an ``argparse`` subparsers object (``parser.add_subparsers()``)."""
     q = subparsers.add_parser(
         "sql", help="run a read-only SQL query on a store (DuckDB file)",
         description="Run one read-only SQL statement on a trackside store and print the result. Tables: nodes, "
@@ -50,6 +71,15 @@ def add_store_commands(subparsers: Any) -> None:
     )
     e.add_argument("--db", type=Path, required=True, help="the store's DuckDB file")
     e.add_argument("--to", type=Path, required=True, metavar="DIR", help="output directory (created if missing)")
+    p = subparsers.add_parser(
+        "prune", help="delete a store's events older than a duration",
+        description="Delete every event older than DURATION (by its time_ns) from a trackside store; the runs' "
+        "hellos and resume positions stay. Needs the file to itself (stop its recorder, or give the recorder "
+        "--retention instead).",
+    )
+    p.add_argument("--db", type=Path, required=True, help="the store's DuckDB file")
+    p.add_argument("--older-than", type=duration_s, required=True, metavar="DURATION",
+                   help="e.g. 7d, 12h, 1h30m (units s, m, h, d, w)")
 
 
 def cmd_sql(args: argparse.Namespace, console: Console) -> int:
@@ -84,7 +114,26 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-STORE_COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {"sql": cmd_sql, "export": cmd_export}
+def cmd_prune(args: argparse.Namespace, console: Console) -> int:
+    from store.schema import StoreError
+    from store.writer import StoreWriter
+
+    if not args.db.is_file():
+        return _fail("prune", StoreError(f"no database at {args.db}"))
+    cutoff_ns = time.time_ns() - round(args.older_than * 1e9)
+    try:
+        with StoreWriter(args.db) as writer:
+            num = writer.prune(cutoff_ns)
+    except StoreError as exc:
+        return _fail("prune", exc)
+    cutoff = dt.datetime.fromtimestamp(cutoff_ns / 1e9, tz=dt.UTC).isoformat(timespec="seconds")
+    console.print(f"deleted {num} rows older than {cutoff} from {args.db}")
+    return 0
+
+
+STORE_COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
+    "sql": cmd_sql, "export": cmd_export, "prune": cmd_prune,
+}
 
 
 def render_table(result: SqlResult) -> Table:

@@ -1,9 +1,10 @@
 """Protocol events to Arrow batches (one per table) and table rows back to events.
 
-Writing is columnar: a table's pending events become one :class:`pyarrow.Table` (the high-volume tables,
-whose columns are the event's own fields, are filled column by column with ``attrgetter``: no per-row tuples),
-which DuckDB inserts in one statement. Reading builds the events again, so ``events -> store -> replay`` gives
-equal events (:func:`event_from_row`).
+Writing is columnar: a table's pending events become a :class:`pyarrow.Table` (the high-volume tables, whose
+columns are the event's own fields, are filled column by column with ``attrgetter``: no per-row tuples, and
+the NOT NULL numeric columns through ``numpy.fromiter``: no Python list either), which DuckDB inserts in one
+statement. Reading builds the events again, so ``events -> store -> replay`` gives equal events
+(:func:`event_from_row`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from operator import attrgetter
 from typing import Any, Final
 
 import msgspec
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from agent.protocol import (
@@ -88,13 +90,38 @@ def _json(value: object) -> str:
     return _ENCODE(value).decode()
 
 
-def _reasons(value: dict[str, ReasonValue]) -> str:
-    return _ENCODE(value).decode() if value else "{}"
-
-
 # -- events -> Arrow -----------------------------------------------------------------------------------------
 _FIELD_TABLES: Final = frozenset({"steps", "unit_loads", "alerts", "stage_boundaries"})
 """Tables whose columns after the key are the event's own fields, in order: filled column by column."""
+
+_NUMPY_TYPES: Final[dict[str, type[np.generic]]] = {"BIGINT": np.int64, "DOUBLE": np.float64, "BOOLEAN": np.bool_}
+"""NOT NULL columns of these types go from the events' fields through numpy: no Python list in between."""
+
+_FIELD_COLUMNS: Final[dict[str, list[tuple[str, pa.DataType, type[np.generic] | None]]]] = {
+    table: [
+        (name, SCHEMAS[table].field(name).type, _NUMPY_TYPES.get(sql_type) if not_null else None)
+        for name, sql_type, not_null in columns(table)
+    ]
+    for table in _FIELD_TABLES
+}
+"""Each field table's columns: name, Arrow type, and the numpy type it is filled through (None: a list)."""
+
+
+def _field_columns(table: str, events: Sequence[Any], boots: Sequence[int]) -> list[pa.Array]:
+    """A field table's columns, each straight from one field of every event."""
+    num = len(events)
+    arrays = []
+    for name, arrow_type, numpy_type in _FIELD_COLUMNS[table]:
+        values = map(attrgetter(name), events)
+        if name == "boot_ns":
+            arrays.append(pa.array(boots, type=arrow_type))
+        elif name == "reasons":  # JSON text (UTF-8 as msgspec writes it)
+            arrays.append(pa.array(list(map(_ENCODE, values)), type=pa.binary()).cast(arrow_type))
+        elif numpy_type is not None:
+            arrays.append(pa.array(np.fromiter(values, numpy_type, num)))
+        else:
+            arrays.append(pa.array(list(values), type=arrow_type))
+    return arrays
 
 
 def _hello(e: NodeHello) -> tuple[Any, ...]:
@@ -141,23 +168,19 @@ def to_arrow(
     """One Arrow table of ``table``'s rows for ``events`` (``boots[i]``: the run ``events[i]`` belongs to;
     for ``requests``, ``policies[i]``: the policy the request counts for, default its event's or None)."""
     schema = SCHEMAS[table]
-    data: list[Sequence[Any]]
     if table in _FIELD_TABLES:  # column by column: no per-row tuples (the hot path, steps)
-        data = [list(map(attrgetter(name), events)) if name != "boot_ns" else boots for name in schema.names]
-        if table == "steps":
-            data[-1] = [_reasons(r) for r in data[-1]]
+        return pa.Table.from_arrays(_field_columns(table, events, boots), schema=schema)
+    if table == "nodes":
+        rows = [_hello(e) for e in events]
+    elif table == "slack_samples":
+        rows = _slack_rows(events, boots)
+    elif table == "requests":
+        given = policies if policies is not None else [getattr(e, "policy", None) for e in events]
+        rows = [_request(e, boot, p) for e, boot, p in zip(events, boots, given, strict=True)]
     else:
-        if table == "nodes":
-            rows = [_hello(e) for e in events]
-        elif table == "slack_samples":
-            rows = _slack_rows(events, boots)
-        elif table == "requests":
-            given = policies if policies is not None else [getattr(e, "policy", None) for e in events]
-            rows = [_request(e, boot, p) for e, boot, p in zip(events, boots, given, strict=True)]
-        else:
-            make = _ROW_MAKERS[table]
-            rows = [make(e, boot) for e, boot in zip(events, boots, strict=True)]
-        data = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+        make = _ROW_MAKERS[table]
+        rows = [make(e, boot) for e, boot in zip(events, boots, strict=True)]
+    data = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
     return pa.Table.from_arrays([pa.array(col, type=field.type) for col, field in zip(data, schema, strict=True)],
                                 schema=schema)
 

@@ -9,7 +9,9 @@ Guarantees (what a recorder may rely on):
   (since the last commit) are lost by a kill; the agent's replay buffer has them for a resume.
 * **Atomic batches.** Each commit writes every pending event of every table in one transaction; a failed
   commit is rolled back whole, the pending events are dropped, and :class:`StoreWriteError` says so
-  (``last_seq`` still tells where to resume from).
+  (``last_seq`` still tells where to resume from). Pending events are converted to Arrow as they come, every
+  :data:`CONVERT_ROWS` rows of a table; an event that cannot be converted fails its whole batch the same way,
+  in the ``write`` that converts it (or at the commit).
 * **No duplicates.** A stream position ``(node_id, boot_ns, seq)`` is stored at most once per table, whether
   it is written twice in one batch, again after a resume, or after a reopen. The common case, a stream whose
   ``seq`` grows, costs nothing: each run's committed high-water mark (table ``positions``) proves a batch new;
@@ -47,12 +49,55 @@ insert of at least one row group is written straight to the file instead of thro
 rows per second of 20,000-row batches, docs/benchmarks.md)."""
 
 
+CONVERT_ROWS = 4096
+"""Rows of one table converted to Arrow as soon as that many are buffered, between commits: the events are then
+still in the CPU's caches (converting 100,000 at a commit took about twice as long per row), and until the
+commit the pending rows hold Arrow's memory instead of Python objects'."""
+
+
 class StoreWriteError(StoreError):
     """A commit failed; its events were not stored (resume the stream from :meth:`StoreWriter.last_seq`)."""
 
 
 RunKey = tuple[str, int]
 """``(node_id, boot_ns)``: one run of one agent."""
+
+
+class PendingRows:
+    """One table's rows since the last commit: Arrow tables already converted, then the events not converted
+    yet, with the run each belongs to and (``requests``) the batch policy each request counts for."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.converted: list[pa.Table] = []
+        self.events: list[Event] = []
+        self.boots: list[int] = []
+        self.policies: list[str | None] = []
+
+    def add(self, event: Event, boot: int, policy: str | None) -> None:
+        self.events.append(event)
+        self.boots.append(boot)
+        self.policies.append(policy)
+
+    def convert(self) -> None:
+        """Turn the events not converted yet into one more Arrow table."""
+        if self.events:
+            policies = self.policies if self.table == "requests" else None
+            self.converted.append(to_arrow(self.table, self.events, self.boots, policies))
+            self.events.clear()
+            self.boots.clear()
+            self.policies.clear()
+
+    def take(self) -> pa.Table | None:
+        """Every pending row as one Arrow table (None when there is none); :meth:`clear` forgets them."""
+        self.convert()
+        return pa.concat_tables(self.converted) if self.converted else None
+
+    def clear(self) -> None:
+        self.converted.clear()
+        self.events.clear()
+        self.boots.clear()
+        self.policies.clear()
 
 
 class StoreWriter:
@@ -64,7 +109,7 @@ class StoreWriter:
         self.path = str(path)
         self.batch_rows = batch_rows
         self._con: duckdb.DuckDBPyConnection | None = connect(path)
-        self._pending: dict[str, tuple[list[Event], list[int]]] = {table: ([], []) for table in TABLES}
+        self._pending: dict[str, PendingRows] = {table: PendingRows(table) for table in TABLES}
         self._num_pending = 0
         self._committed: dict[RunKey, int] = {
             (node, boot): seq
@@ -87,47 +132,74 @@ class StoreWriter:
             ).fetchall()
         }
         """The batch policy of each unit's latest step in its node's current run (a finished request's policy)."""
-        self._request_policies: list[str | None] = []
-        """Aligned with the pending ``requests`` rows: the policy each finished request is counted for."""
 
     # -- the recorder's interface ----------------------------------------------------------------------------
     def write(self, events: Sequence[Event]) -> None:
-        """Buffer ``events``; commits on its own every ``batch_rows`` events. Raises TypeError for a non-event."""
+        """Buffer ``events``; commits on its own every ``batch_rows`` events. Raises TypeError for a non-event,
+        and :class:`StoreWriteError` when buffered events cannot be stored (then none of the pending ones is)."""
         self._require()
-        pending, accepted, run_of = self._pending, self._accepted, self._run_of
-        unit_policy, request_policies = self._unit_policy, self._request_policies
+        steps = self._pending["steps"]
+        step_events, step_boots = steps.events, steps.boots
+        unit_policy = self._unit_policy
+        node, boot, high = "", 0, 0  # the previous event's run, and the highest seq accepted in it so far
+        recheck = False
         for event in events:
-            cls = type(event)
-            tables = ROUTES.get(cls)
-            if tables is None:
-                raise TypeError(f"not a protocol event: {cls.__name__}")
-            node = event.node_id
-            if isinstance(event, StepEvent):
+            if type(event) is StepEvent and event.node_id == node:  # the bulk of a stream: kept short
+                seq = event.seq
+                if seq > high:
+                    high = seq
+                elif seq:
+                    recheck = True
                 unit_policy[node, event.unit_id] = event.policy
-                boot = run_of.get(node, 0)
-            elif isinstance(event, NodeHello):
-                boot = run_of[node] = event.boot_ns
-                unit_policy.update(((node, u.unit_id), u.batch_policy) for u in event.units)
+                step_events.append(event)
+                step_boots.append(boot)
             else:
-                boot = run_of.get(node, 0)
-                if isinstance(event, RequestFinished):
-                    request_policies.append(unit_policy.get((node, event.unit_id)))
-                elif isinstance(event, RequestRefused):
-                    request_policies.append(event.policy)
-            seq = event.seq
-            if seq:
-                key = (node, boot)
-                if seq > accepted.get(key, 0):
-                    accepted[key] = seq
-                else:
-                    self._recheck = True
-            for table in tables:
-                rows, boots = pending[table]
-                rows.append(event)
-                boots.append(boot)
+                node, boot, high = self._buffer(event, node, boot, high)
+        self._accept(node, boot, high)
+        self._recheck |= recheck
         self._num_pending += len(events)
         if self._num_pending >= self.batch_rows:
             self._commit()
+            return
+        for rows in self._pending.values():
+            if len(rows.events) >= CONVERT_ROWS:
+                self._convert(rows)
+
+    def _buffer(self, event: Event, node: str, boot: int, high: int) -> tuple[str, int, int]:
+        """:meth:`write`'s general case: ``event`` of any kind, and of any run; the run it is in, and that run's
+        highest ``seq`` accepted so far (``node``, ``boot``, ``high``: the previous event's run)."""
+        cls = type(event)
+        tables = ROUTES.get(cls)
+        if tables is None:
+            raise TypeError(f"not a protocol event: {cls.__name__}")
+        if event.node_id != node or isinstance(event, NodeHello):
+            self._accept(node, boot, high)
+            node = event.node_id
+            if isinstance(event, NodeHello):
+                self._run_of[node] = event.boot_ns
+                self._unit_policy.update(((node, u.unit_id), u.batch_policy) for u in event.units)
+            boot = self._run_of.get(node, 0)
+            high = self._accepted.get((node, boot), 0)
+        policy: str | None = None
+        if isinstance(event, StepEvent):
+            self._unit_policy[node, event.unit_id] = event.policy
+        elif isinstance(event, RequestFinished):
+            policy = self._unit_policy.get((node, event.unit_id))
+        elif isinstance(event, RequestRefused):
+            policy = event.policy
+        seq = event.seq
+        if seq > high:
+            high = seq
+        elif seq:
+            self._recheck = True
+        for table in tables:
+            self._pending[table].add(event, boot, policy)
+        return node, boot, high
+
+    def _accept(self, node: str, boot: int, high: int) -> None:
+        """Record ``high`` as the highest ``seq`` buffered or committed in the run ``(node, boot)``."""
+        if high:
+            self._accepted[node, boot] = high
 
     def flush(self) -> None:
         """Commit everything written so far; when it returns, it is durable."""
@@ -200,10 +272,10 @@ class StoreWriter:
         changed = {key: seq for key, seq in self._accepted.items() if self._committed.get(key) != seq}
         try:
             con.execute("BEGIN TRANSACTION")
-            for table, (events, boots) in self._pending.items():
-                if events:
-                    extra = self._request_policies if table == "requests" else None
-                    self._insert(con, table, to_arrow(table, events, boots, extra))
+            for table, rows in self._pending.items():
+                batch = rows.take()
+                if batch is not None:
+                    self._insert(con, table, batch)
             if changed:
                 con.execute(
                     "INSERT OR REPLACE INTO positions VALUES " + ", ".join(["(?, ?, ?)"] * len(changed)),
@@ -213,19 +285,28 @@ class StoreWriter:
         except Exception as exc:
             with contextlib.suppress(duckdb.Error):  # a failed statement may have ended the transaction
                 con.execute("ROLLBACK")
-            self._accepted = dict(self._committed)
-            raise StoreWriteError(
-                f"commit of {self._num_pending} events to {self.path} failed, nothing of them was stored: {exc}"
-            ) from exc
+            raise self._drop_pending(f"commit of {self._num_pending} events to {self.path} failed", exc) from exc
         finally:
             self._clear()
         self._committed.update(changed)
 
+    def _convert(self, rows: PendingRows) -> None:
+        try:
+            rows.convert()
+        except Exception as exc:
+            what = f"converting {self._num_pending} events ({rows.table} rows) for {self.path} failed"
+            error = self._drop_pending(what, exc)
+            self._clear()
+            raise error from exc
+
+    def _drop_pending(self, what: str, exc: Exception) -> StoreWriteError:
+        """Forget what was accepted since the last commit; the error to raise (its events are not stored)."""
+        self._accepted = dict(self._committed)
+        return StoreWriteError(f"{what}, nothing of them was stored: {exc}")
+
     def _clear(self) -> None:
-        for rows, boots in self._pending.values():
+        for rows in self._pending.values():
             rows.clear()
-            boots.clear()
-        self._request_policies.clear()
         self._num_pending = 0
         self._recheck = False
 

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
+
+import duckdb
 
 from agent.bench import BenchConfig
 from agent.cli_serve import make_node
 from agent.hub import Hub
+from agent.protocol import StepEvent
 from agent.server import AgentServer
 from agent.workload.spec import parse_workload
+from policies.types import StepMode
 
 TOKEN = "t0ken-for-tests"
 T = TypeVar("T")
@@ -55,3 +61,38 @@ async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, what:
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+EVENT_TABLES = ("steps", "requests", "request_events", "unit_loads", "audits", "alerts", "stage_boundaries")
+
+
+def stored_runs(db: Path) -> dict[int, list[int]]:
+    """Every stored stream position of a store file, per run (``boot_ns``) and sorted; slack samples hold one row
+    per sampled request, counted once; notices (seq 0) left out."""
+    parts = [f"SELECT boot_ns, seq FROM {t}" for t in EVENT_TABLES]
+    parts.append("SELECT DISTINCT boot_ns, seq FROM slack_samples")
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows = con.execute(" UNION ALL ".join(parts)).fetchall()
+    finally:
+        con.close()
+    runs: dict[int, list[int]] = defaultdict(list)
+    for boot, seq in rows:
+        if seq > 0:
+            runs[boot].append(seq)
+    return {boot: sorted(seqs) for boot, seqs in runs.items()}
+
+
+def stored_seqs(db: Path) -> list[int]:
+    """Every stored stream position of a store file, whatever its run, sorted."""
+    return sorted(seq for seqs in stored_runs(db).values() for seq in seqs)
+
+
+def step_events(n: int, reasons_size: int = 1) -> list[StepEvent]:
+    """``n`` step events of node ``n``, seq 1.., with ``reasons_size`` reasons (about 16 bytes each in MessagePack)."""
+    reasons = {f"r{i:05d}": float(i) for i in range(reasons_size)}
+    return [StepEvent(seq=i + 1, node_id="n", time_ns=i, unit_id=0, step_id=i, measured_ns=1, predicted_ns=1,
+                      mode=StepMode.DECODE, policy="vllm", num_prefill_tokens=0, num_decode_tokens=1,
+                      num_prefill_reqs=0, num_decode_reqs=1, context_tokens=1, budget_tokens=1, kv_used_blocks=0,
+                      num_blocks=1, num_running=1, num_waiting=0, num_preempted=0, num_finished=0, reasons=reasons)
+            for i in range(n)]

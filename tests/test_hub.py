@@ -16,6 +16,7 @@ from agent.protocol import (
     Status,
     StatusInfo,
     Subscribe,
+    Subscribed,
 )
 
 
@@ -42,6 +43,32 @@ def test_a_resume_past_the_buffer_starts_with_a_gap_alert() -> None:
     oldest = hub.replay.oldest_seq
     assert isinstance(gap, Alert) and (gap.code, gap.first_seq, gap.last_seq, gap.seq) == ("gap", 11, oldest - 1, 0)
     assert backlog[1:] and all(e.__struct_config__.tag == "step" and e.seq >= oldest for e in backlog[1:])
+
+
+def test_a_resume_position_of_an_earlier_run_restarts_from_this_runs_first_event() -> None:
+    hub = make_hub(replay_capacity=1000)
+    hub.attach()
+    hub.node.advance(0.5)
+    assert 20 < hub.sequencer.last_seq < 1000, "seq 1 still buffered"
+    earlier_run = hub.boot_ns - 10**9
+    _, reply, backlog = hub.subscribe(Subscribe(resume_after_seq=10, resume_boot_ns=earlier_run), lambda: None)
+    assert isinstance(reply, OkReply) and isinstance(reply.payload, Subscribed)
+    assert reply.payload.resumed_after_seq == 0 and reply.payload.num_replayed == hub.sequencer.last_seq
+    assert [e.seq for e in backlog] == list(range(1, hub.sequencer.last_seq + 1)), "nothing at or below 10 skipped"
+    # its own run: as before; a position ahead of an earlier run's stream is no error either
+    _, reply, backlog = hub.subscribe(Subscribe(resume_after_seq=10, resume_boot_ns=hub.boot_ns), lambda: None)
+    assert isinstance(reply, OkReply) and isinstance(reply.payload, Subscribed)
+    assert reply.payload.resumed_after_seq == 10 and backlog[0].seq == 11
+    _, reply, _ = hub.subscribe(Subscribe(resume_after_seq=10**6, resume_boot_ns=earlier_run), lambda: None)
+    assert isinstance(reply, OkReply)
+    _, reply, _ = hub.subscribe(Subscribe(resume_after_seq=10**6, resume_boot_ns=hub.boot_ns), lambda: None)
+    assert isinstance(reply, ErrorReply) and reply.code == "bad_resume_seq"
+    # once seq 1 is gone, the restart begins with a gap alert
+    hub.node.advance(3.0)
+    _, _, backlog = hub.subscribe(Subscribe(resume_after_seq=10, resume_boot_ns=earlier_run), lambda: None)
+    gap = backlog[0]
+    assert isinstance(gap, Alert) and (gap.code, gap.first_seq, gap.last_seq) == ("gap", 1, hub.replay.oldest_seq - 1)
+    assert backlog[1].seq == hub.replay.oldest_seq
 
 
 def test_control_replies_and_audit_events() -> None:

@@ -27,6 +27,7 @@ from agent.protocol import (
     ErrorCode,
     ErrorReply,
     Event,
+    EventBatch,
     OkReply,
     PolicyList,
     ProtocolError,
@@ -55,7 +56,7 @@ def strategy(t: mi.Type) -> st.SearchStrategy[Any]:
     """Values of a msgspec type (as ``msgspec.inspect`` describes it), for every type the protocol uses."""
     if isinstance(t, mi.IntType):
         lo = INT64[0] if t.ge is None else t.ge
-        return st.integers(lo, INT64[1])
+        return st.integers(lo, INT64[1] if t.le is None else t.le)
     if isinstance(t, mi.FloatType):
         return FLOATS
     if isinstance(t, mi.StrType):
@@ -115,7 +116,7 @@ def test_every_command_and_reply_round_trips(fmt: str, cls: type[msgspec.Struct]
 
 def test_kinds_are_unique_and_complete() -> None:
     kinds = [c.__struct_config__.tag for c in members(AgentFrame)]
-    assert len(kinds) == len(set(kinds)) == len(EVENT_KINDS) + 2
+    assert len(kinds) == len(set(kinds)) == len(EVENT_KINDS) + 3  # and batch, ok, error
     assert len(CONTROL_KINDS) == len(members(ControlRequest)) == 10
     assert not CONTROL_KINDS & EVENT_KINDS
 
@@ -291,3 +292,45 @@ def test_error_and_alert_codes_are_open_sets() -> None:
     assert isinstance(alert, Alert) and alert.code == "fan_failure"
     back = JSON.decode_event(JSON.encode(msgspec.structs.replace(alert, code=AlertCode.GAP)))
     assert isinstance(back, Alert) and back.code == AlertCode.GAP
+
+
+# -- batch frames --------------------------------------------------------------------------------------------
+def numbered_steps(n: int, reasons: dict[str, int | float | str | bool] | None = None) -> list[StepEvent]:
+    base = make_step_event(reasons or {"a": 1})
+    return [msgspec.structs.replace(base, seq=i + 1, step_id=i) for i in range(n)]
+
+
+@pytest.mark.parametrize("codec", [MSGPACK, JSON], ids=["msgpack", "json"])
+@settings(max_examples=30, deadline=None)
+@given(events=st.lists(st.sampled_from(numbered_steps(3)), min_size=1, max_size=40))
+def test_a_batch_frame_decodes_as_the_batch_struct_encodes(codec: Codec, events: list[StepEvent]) -> None:
+    frame, num = codec.encode_batch(events)
+    assert num == len(events)
+    decoded = codec.decode_agent_frame(frame)
+    assert isinstance(decoded, EventBatch)
+    assert_same(decoded, EventBatch(events=tuple(events)))
+    assert_same(codec.decode_agent_frame(codec.encode(decoded)), decoded)
+
+
+@pytest.mark.parametrize("codec", [MSGPACK, JSON], ids=["msgpack", "json"])
+def test_a_batch_frame_holds_the_longest_prefix_under_the_size_cap(codec: Codec) -> None:
+    events = numbered_steps(50, {f"reason_{i}": i * 0.5 for i in range(20)})
+    one = len(codec.encode(events[0]))
+    cap = 10 * one + 100
+    frame, num = codec.encode_batch(events, max_bytes=cap)
+    assert len(frame) <= cap and 8 <= num < 50
+    assert len(codec.encode_batch(events[: num + 1], max_bytes=10**9)[0]) > cap, "one more event would not fit"
+    batch = codec.decode_agent_frame(frame)
+    assert isinstance(batch, EventBatch) and batch.events == tuple(events[:num])
+    # the rest goes in the next frames, nothing lost or reordered; a single event over the cap still goes alone
+    rest, _ = codec.encode_batch(events[num:], max_bytes=cap)
+    assert [e.seq for e in codec.decode_agent_frame(rest).events][:1] == [num + 1]  # type: ignore[union-attr]
+    alone, num_alone = codec.encode_batch(events, max_bytes=one // 2)
+    assert num_alone == 1 and codec.decode_agent_frame(alone).events == (events[0],)  # type: ignore[union-attr]
+
+
+def test_an_older_client_sees_a_batch_as_an_unknown_kind() -> None:
+    """Why an agent sends batches only to subscribers that ask for them (``Subscribe.max_batch``)."""
+    frame, _ = JSON.encode_batch(numbered_steps(2))
+    with pytest.raises(ProtocolError, match="unknown event kind 'batch'"):
+        JSON.decode_event(frame)

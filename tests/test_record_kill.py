@@ -15,23 +15,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from serve_harness import free_port
+from serve_harness import free_port, stored_seqs
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "agent.cli"]
-
-
-EVENT_TABLES = ("steps", "requests", "request_events", "unit_loads", "audits", "alerts", "stage_boundaries")
-
-
-def stored_seqs(db: Path) -> list[int]:
-    """Every stored stream position (slack samples hold one row per sampled request: counted once)."""
-    parts = [f"SELECT seq FROM {t}" for t in EVENT_TABLES] + ["SELECT DISTINCT seq FROM slack_samples"]
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return sorted(r[0] for r in con.execute(" UNION ALL ".join(parts)).fetchall() if r[0] > 0)
-    finally:
-        con.close()
 
 
 @pytest.mark.slow

@@ -1,17 +1,23 @@
-"""``trackside ctl`` and ``trackside record`` against a real agent on loopback."""
+"""``trackside ctl`` and ``trackside record`` against a real agent on loopback: control, resume from the store,
+refetching dropped events, an agent restart, retention."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
-from serve_harness import TOKEN, free_port, make_hub, make_server, run, wait_for
+from serve_harness import TOKEN, free_port, make_hub, make_server, run, step_events, stored_runs, wait_for
 
 from agent.cli_serve import main, record
+from agent.hub import Hub
 from agent.protocol import ControlAudit, Event, NodeHello, RequestFinished
 from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES
+from store.writer import StoreWriter
 
 
 @pytest.fixture
@@ -146,3 +152,104 @@ def test_record_resumes_from_the_store_and_writes_every_event(tmp_path: Path) ->
     seqs = [e.seq for e in writer.events if not isinstance(e, NodeHello)]
     assert seqs == list(range(101, seqs[-1] + 1)), "resumed after the store's last seq, without gaps"
     assert writer.closed and writer.num_flushes >= 2
+
+
+class StallingStore:
+    """A real ``StoreWriter`` whose first ``stalls`` writes take ``stall_s`` more (a recorder falling behind)."""
+
+    def __init__(self, path: Path, stalls: int = 0, stall_s: float = 0.3) -> None:
+        self.inner = StoreWriter(path)
+        self.stalls = stalls
+        self.stall_s = stall_s
+
+    def write(self, events: Sequence[Event]) -> None:
+        if self.stalls:
+            self.stalls -= 1
+            time.sleep(self.stall_s)
+        self.inner.write(events)
+
+    def __getattr__(self, name: str) -> Any:  # flush, last_seq, prune, close
+        return getattr(self.inner, name)
+
+
+class Recording:
+    """``record`` into ``db`` in a task (start it in a running loop), through a :class:`StallingStore`."""
+
+    def __init__(self, uris: Sequence[str], db: Path, *, stalls: int = 0, retention_s: float | None = None) -> None:
+        self.writers: list[StallingStore] = []
+        self._stop = asyncio.Event()
+        self._stalls = stalls
+        self.task = asyncio.create_task(record(uris, db, flush_s=0.1, writer_factory=self._factory, stop=self._stop,
+                                               retention_s=retention_s))
+
+    def _factory(self, path: Path) -> StallingStore:
+        self.writers.append(StallingStore(path, self._stalls))
+        return self.writers[-1]
+
+    def caught_up(self, hub: Hub) -> bool:
+        """Whether the store has committed ``hub``'s stream up to its last event."""
+        return bool(self.writers) and self.writers[0].last_seq(hub.node_id, hub.boot_ns) == hub.sequencer.last_seq
+
+    async def finish(self, hub: Hub) -> None:
+        """Wait until ``hub``'s workload is done and committed, then stop the recorder."""
+        await wait_for(lambda: hub.node.done and self.caught_up(hub), timeout_s=30, what="the recording")
+        self._stop.set()
+        assert await self.task == 0
+
+
+def test_record_refetches_what_the_agent_dropped_for_it_and_stores_it_once(tmp_path: Path) -> None:
+    db = tmp_path / "refetch.duckdb"
+    hub = make_hub(workload="poisson:n=1500,rate=150", max_queued=32)
+
+    async def go() -> None:
+        async with make_server(hub, speed=20.0) as server:
+            await Recording([server.url], db, stalls=3).finish(hub)
+
+    run(go, timeout_s=60)
+    assert hub.num_dropped > 0, "the stalled recorder lost events at the agent"
+    assert stored_runs(db) == {hub.boot_ns: list(range(1, hub.sequencer.last_seq + 1))}, "refetched, stored once"
+
+
+def test_record_across_an_agent_restart_stores_both_runs_whole(tmp_path: Path) -> None:
+    db = tmp_path / "restart.duckdb"
+    port = free_port()
+    first, second = make_hub(workload="poisson:n=50,rate=60"), make_hub(workload="poisson:n=600,rate=100")
+
+    async def go() -> None:
+        recording = Recording([f"ws://127.0.0.1:{port}"], db)
+        async with make_server(first, port=port):
+            await wait_for(lambda: first.node.done and recording.caught_up(first), what="the first run recorded")
+        second.attach()
+        second.node.advance(5.0)  # the new run is past the old run's last seq when the recorder comes back
+        assert second.sequencer.last_seq > first.sequencer.last_seq
+        async with make_server(second, port=port):
+            await recording.finish(second)
+
+    run(go, timeout_s=90)
+    assert stored_runs(db) == {hub.boot_ns: list(range(1, hub.sequencer.last_seq + 1)) for hub in (first, second)}
+
+
+def test_record_with_retention_deletes_old_events_and_keeps_the_new_run(tmp_path: Path) -> None:
+    db = tmp_path / "retention.duckdb"
+    old_boot = time.time_ns() - 3 * 86_400 * 10**9
+    hub = make_hub(workload="poisson:n=50,rate=60")
+    with StoreWriter(db) as writer:
+        old_hello = msgspec.structs.replace(hub.hello(), boot_ns=old_boot, time_ns=old_boot)
+        old_step = msgspec.structs.replace(step_events(1)[0], node_id=hub.node_id, time_ns=old_boot + 1)
+        writer.write([old_hello, old_step])
+
+    async def go() -> None:
+        async with make_server(hub) as server:
+            await Recording([server.url], db, retention_s=86_400).finish(hub)
+
+    run(go)
+    assert stored_runs(db) == {hub.boot_ns: list(range(1, hub.sequencer.last_seq + 1))}, "the old run's step is gone"
+    with StoreWriter(db) as writer:
+        assert writer.last_seq(hub.node_id, old_boot) == 1, "its hello and position stay"
+
+
+def test_record_refuses_a_bad_retention(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["record", "ws://127.0.0.1:1", "--db", "x.duckdb", "--retention", "7 days"])
+    assert info.value.code == 2
+    assert "argument --retention: invalid duration '7 days': give a number and a unit" in capsys.readouterr().err

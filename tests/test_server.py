@@ -1,5 +1,5 @@
 """The agent's websocket server with real sockets on loopback: hello, subscribe and resume, slow readers,
-bad input, /metrics, TLS."""
+bad input, /metrics, TLS, batch frames, restarts."""
 
 from __future__ import annotations
 
@@ -14,12 +14,27 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from serve_harness import TOKEN, free_port, make_hub, make_server, run, wait_for
+from serve_harness import TOKEN, free_port, make_hub, make_server, run, step_events, wait_for
 from websockets.asyncio.client import connect
 
 from agent.client import open_session, stream
 from agent.node import Node
-from agent.protocol import JSON, MAX_FRAME_BYTES, MSGPACK, Alert, NodeHello, OkReply, StepEvent, Subscribe
+from agent.protocol import (
+    JSON,
+    MAX_FRAME_BYTES,
+    MSGPACK,
+    AgentFrame,
+    Alert,
+    Event,
+    EventBatch,
+    NodeHello,
+    OkReply,
+    StepEvent,
+    Subscribe,
+    Subscribed,
+)
+from agent.server import _Connection
+from agent.wire import Subscription
 
 
 def test_hello_first_on_every_connection_in_both_formats() -> None:
@@ -77,14 +92,21 @@ def test_stream_reconnects_with_backoff_and_resumes_without_a_gap() -> None:
     run(go)
 
 
-def test_resume_after_the_buffer_moved_on_announces_the_gap() -> None:
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-run", "restarted-agent"])
+def test_resume_after_the_buffer_moved_on_announces_the_gap(restarted: bool) -> None:
+    """From seq 0 of this run, or from any seq of an earlier run (the agent restarted): the stream starts
+    over, and seq 1 is no longer buffered."""
+
     async def go() -> None:
         hub = make_hub(replay_capacity=50)
+        request = Subscribe(resume_after_seq=5000, resume_boot_ns=hub.boot_ns - 1) if restarted else Subscribe(
+            resume_after_seq=0)
         async with make_server(hub) as server:
             await wait_for(lambda: hub.sequencer.last_seq > 200, what="events")
             async with open_session(server.url) as session:
-                reply = await session.call(Subscribe(resume_after_seq=0))
-                assert isinstance(reply, OkReply)
+                reply = await session.call(request)
+                assert isinstance(reply, OkReply) and isinstance(reply.payload, Subscribed)
+                assert reply.payload.resumed_after_seq == 0
                 gap = await session.next_event()
                 assert isinstance(gap, Alert) and gap.code == "gap" and gap.seq == 0
                 assert gap.first_seq == 1 and gap.last_seq >= 150
@@ -270,3 +292,114 @@ def test_json_events_follow_the_subscribe_format() -> None:
             assert event["kind"] == "step" and event["seq"] > 0
 
     run(go)
+
+
+# -- batch frames --------------------------------------------------------------------------------------------
+def test_a_resume_comes_in_batch_frames_in_order_and_a_resume_mid_batch_continues_after_its_seq() -> None:
+    async def go() -> None:
+        hub = make_hub(workload="poisson:n=3000,rate=200")
+        async with make_server(hub, speed=50.0) as server:
+            await wait_for(lambda: hub.sequencer.last_seq > 3000, what="events to resume")
+            async with open_session(server.url) as session:
+                await session.call(Subscribe(resume_after_seq=0, max_batch=64))
+                frames = [await session.next_batch() for _ in range(20)]
+            assert all(len(f) == 64 for f in frames), "a resume's backlog fills whole frames"
+            seqs = [e.seq for f in frames for e in f]
+            assert seqs == list(range(1, 20 * 64 + 1)), "in order, continuous across frame boundaries"
+            middle = frames[3][20].seq
+            async with open_session(server.url) as session:  # resume in the middle of a batch
+                await session.call(Subscribe(resume_after_seq=middle, max_batch=64))
+                again = [e.seq for _ in range(5) for e in await session.next_batch()]
+            assert again == list(range(middle + 1, middle + 1 + len(again)))
+
+    run(go)
+
+
+def test_a_version_1_client_gets_one_event_per_frame() -> None:
+    async def go() -> None:
+        hub = make_hub(workload="poisson:n=3000,rate=200")
+        async with make_server(hub, speed=50.0) as server, connect(f"{server.url}?format=json") as ws:
+            await wait_for(lambda: hub.sequencer.last_seq > 1000, what="a backlog that would batch")
+            assert json.loads(await ws.recv())["kind"] == "hello"
+            await ws.send('{"kind": "subscribe", "protocol_version": 1, "resume_after_seq": 0, "control_id": "s"}')
+            reply = json.loads(await ws.recv())
+            assert reply["kind"] == "ok" and reply["payload"]["last_seq"] > 1000
+            frames = [json.loads(await ws.recv()) for _ in range(1000)]
+            assert all(isinstance(f, dict) and f["kind"] != "batch" for f in frames)
+            assert [f["seq"] for f in frames] == list(range(1, 1001))
+
+    run(go)
+
+
+def test_a_restarted_agent_is_streamed_from_its_first_event_not_after_the_old_seq() -> None:
+    async def go() -> None:
+        port = free_port()
+        runs: dict[int, list[int]] = {}
+        boot = 0
+
+        def delays():  # type: ignore[no-untyped-def]
+            while True:
+                yield 0.05
+
+        async def consume() -> None:
+            nonlocal boot
+            async for event in stream(f"ws://127.0.0.1:{port}", resume_after_seq=0, delays=delays):
+                if isinstance(event, NodeHello):
+                    boot = event.boot_ns
+                elif event.seq:
+                    runs.setdefault(boot, []).append(event.seq)
+
+        first, second = make_hub(), make_hub()
+        assert first.boot_ns != second.boot_ns
+        task = asyncio.create_task(consume())
+        try:
+            async with make_server(first, port=port):
+                await wait_for(lambda: len(runs.get(first.boot_ns, ())) > 300, what="the first run's events")
+            # The restarted agent is further on in its new run than the client was in the old one when the client
+            # comes back: resuming after the old run's last seq would skip the new run's first events.
+            second.attach()
+            second.node.advance(4.0)
+            ahead = second.sequencer.last_seq
+            assert ahead > len(runs[first.boot_ns]) + 100
+            async with make_server(second, port=port):
+                await wait_for(lambda: len(runs.get(second.boot_ns, ())) > ahead, what="the second run's events")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert set(runs) == {first.boot_ns, second.boot_ns}
+        for seqs in runs.values():
+            assert seqs == list(range(1, len(seqs) + 1)), "each run from seq 1, no gap, no duplicate"
+
+    run(go)
+
+
+def queued_connection(events: list[Event], max_batch: int) -> _Connection:
+    sub = Subscription("n", max_batch=max_batch, max_queued=10_000)
+    for event in events:
+        sub.offer(event)
+    return _Connection(None, "msgpack", sub=sub)  # type: ignore[arg-type]  # no socket: next_message only
+
+
+def frames_of(conn: _Connection) -> list[AgentFrame]:
+    out = []
+    while (data := conn.next_message()) is not None:
+        assert isinstance(data, bytes) and len(data) <= MAX_FRAME_BYTES
+        out.append(MSGPACK.decode_agent_frame(data))
+    return out
+
+
+def test_the_sender_sends_what_is_queued_in_one_frame_and_a_lone_event_alone() -> None:
+    events = step_events(10)
+    frames = frames_of(queued_connection(events, max_batch=4))
+    assert [type(f).__name__ for f in frames] == ["EventBatch", "EventBatch", "EventBatch"]
+    assert [e for f in frames for e in f.events] == events  # type: ignore[union-attr]
+    assert frames_of(queued_connection(events[:1], max_batch=4)) == events[:1], "never waits to fill a batch"
+    assert frames_of(queued_connection(events[:3], max_batch=1)) == events[:3], "max_batch 1: the old framing"
+
+
+def test_the_frame_size_cap_splits_a_batch_and_the_rest_goes_first_in_the_next_frame() -> None:
+    events = step_events(30, reasons_size=5000)  # about 80 KB each
+    conn = queued_connection(events, max_batch=512)
+    frames = frames_of(conn)
+    assert len(frames) == 3 and all(isinstance(f, EventBatch) and len(f.events) > 1 for f in frames)
+    assert [e.seq for f in frames for e in f.events] == list(range(1, 31))  # type: ignore[union-attr]

@@ -40,7 +40,7 @@ from store import schema
 from store.convert import ROUTES
 from store.replay import areplay, replay
 from store.schema import StoreError, StoreLockedError, StoreVersionError, connect
-from store.writer import StoreWriteError, StoreWriter
+from store.writer import CONVERT_ROWS, StoreWriteError, StoreWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000_000_000_000
@@ -268,6 +268,20 @@ def test_a_failed_commit_stores_nothing_of_its_batch_and_says_where_to_resume() 
         writer.write([step(4), step(5)])
         writer.flush()
         assert writer.last_seq(NODE) == 5
+
+
+def test_an_event_that_cannot_be_converted_fails_its_batch_in_the_write_that_converts_it() -> None:
+    with StoreWriter(":memory:") as writer:
+        writer.write([step(i) for i in range(1, 4)])
+        writer.flush()
+        bad = [step(i) for i in range(4, 4 + CONVERT_ROWS)]
+        bad[7] = step(11, measured_ns=2**70)  # beyond BIGINT
+        with pytest.raises(StoreWriteError, match="nothing of them was stored"):
+            writer.write(bad)
+        assert writer.last_seq(NODE) == 3 and writer.num_pending == 0
+        writer.write([step(4), step(5)])
+        writer.flush()
+        assert writer.last_seq(NODE) == 5 and count(writer.cursor(), "steps") == 5
 
 
 def test_batches_commit_on_their_own_and_writes_are_columnar() -> None:

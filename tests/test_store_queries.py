@@ -1,13 +1,17 @@
-"""Canned queries against agent.report's definitions, arbitrary SQL, Parquet export, and the CLI handlers."""
+"""Canned queries against agent.report's definitions, arbitrary SQL, Parquet export, and the CLI handlers
+(sql, export, prune)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import random
+import time
 from pathlib import Path
 
 import duckdb
+import msgspec
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -18,7 +22,7 @@ from agent.protocol import Event, RequestRefused
 from agent.report import SUMMARY_KEYS, UnitStats, summarize
 from agent.wire import NodeOrigin, request_finished, step_event
 from policies.types import StepMode
-from store.cli import add_store_commands, cmd_export, cmd_sql
+from store.cli import add_store_commands, cmd_export, cmd_prune, cmd_sql, duration_s
 from store.queries import StoreQueryError, export_parquet, policy_summary, sql, unit_balance
 from store.schema import TABLES
 from store.writer import StoreWriter
@@ -253,3 +257,33 @@ def test_store_imports_stay_light() -> None:
     heavy = {m for m in everything if m.split(".")[0] in {"vllm", "torch", "textual", "console", "websockets"}}
     engine = {m for m in everything if m.startswith(("agent.engine", "agent.node", "agent.wire"))}
     assert "duckdb" in everything and not heavy | engine, heavy | engine
+
+
+def test_cli_prune_deletes_what_is_older_than_the_duration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    now_ns = time.time_ns()
+    days_ago = [now_ns - d * 86_400 * 10**9 for d in (10, 3, 1)]
+    events = [step_event(r, NodeOrigin("node-p", t)) for r, t in zip(records(3), days_ago, strict=True)]
+    db = tmp_path / "prune.duckdb"
+    with StoreWriter(db) as writer:
+        writer.write([msgspec.structs.replace(e, seq=i + 1) for i, e in enumerate(events)])
+    console = Console(width=200, force_terminal=False)
+    assert cmd_prune(parse("prune", "--db", str(db), "--older-than", "2d"), console) == 0
+    assert capsys.readouterr().out.startswith(f"deleted 2 rows older than {dt.date.today().year}")
+    with StoreWriter(db) as writer:
+        assert writer.cursor().execute("SELECT seq FROM steps").fetchall() == [(3,)]
+    assert cmd_prune(parse("prune", "--db", str(tmp_path / "missing.duckdb"), "--older-than", "1h"), console) == 2
+    assert capsys.readouterr().err == f"trackside prune: error: no database at {tmp_path / 'missing.duckdb'}\n"
+
+
+@pytest.mark.parametrize("text", ["7", "7 days", "-1d", "0h", "1.5", "d"])
+def test_cli_prune_refuses_bad_durations(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse("prune", "--db", "x.duckdb", f"--older-than={text}")
+    assert info.value.code == 2
+    assert f"argument --older-than: invalid duration {text!r}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("12h", 43_200), ("7d", 604_800), ("1h30m", 5400),
+                                               ("1.5w", 907_200), ("2D", 172_800)])
+def test_durations(text: str, seconds: float) -> None:
+    assert duration_s(text) == seconds

@@ -213,6 +213,37 @@ def test_every_wanted_event_is_delivered_or_announced_once_in_order(ops: list[in
     assert sub.num_dropped + sub.num_delivered == len(wanted)
 
 
+@given(
+    ops=st.lists(st.one_of(st.integers(0, 3), st.just("pop"), st.integers(1, 9).map(lambda n: ("many", n))),
+                 max_size=200),
+    max_queued=st.integers(1, 8),
+)
+@settings(max_examples=300)
+def test_pop_many_gives_what_pop_would_in_the_same_order(ops: list[object], max_queued: int) -> None:
+    one, many = (Subscription("n", unit_ids={0, 1}, max_queued=max_queued, get_time_ns=clock) for _ in range(2))
+    seq = Sequencer()
+    by_one: list[Event] = []
+    by_many: list[Event] = []
+    for op in ops:
+        if isinstance(op, tuple):
+            limit = op[1]
+            frames = many.pop_many(limit)
+            assert len(frames) <= limit
+            by_many.extend(frames)
+            for _ in range(limit):
+                if (frame := one.pop()) is not None:
+                    by_one.append(frame)
+        elif op == "pop":
+            by_one.extend(f for f in [one.pop()] if f is not None)
+            by_many.extend(many.pop_many(1))
+        else:
+            event = seq.stamp(step(unit_id=int(op)))  # type: ignore[call-overload]
+            one.offer(event)
+            many.offer(event)
+    assert by_many == by_one
+    assert (many.num_delivered, many.num_dropped, len(many)) == (one.num_delivered, one.num_dropped, len(one))
+
+
 def test_resume_queues_a_gap_notice_then_the_buffered_events() -> None:
     buffer = ReplayBuffer(4)
     for e in stream(10, units=2):
@@ -241,6 +272,7 @@ VALID: list[ControlRequest] = [
     DrainUnit(unit_id=1),
     ResumeUnit(unit_id=1),
     Subscribe(unit_ids=(0,), kinds=("step", "alert"), resume_after_seq=41),
+    Subscribe(resume_after_seq=41, resume_boot_ns=1_800_000_000_000_000_000, max_batch=512),
 ]
 
 
@@ -325,10 +357,25 @@ def test_corrupted_commands_never_raise(base: bytes, data: st.DataObject) -> Non
         JSON.encode(parse_control(frame))
 
 
+def test_version_1_subscribers_are_served_without_the_version_2_fields() -> None:
+    old = parse_control(b'{"kind": "subscribe", "protocol_version": 1, "resume_after_seq": 5}')
+    assert isinstance(old, Subscribe) and old.max_batch == 1 and old.resume_boot_ns is None
+    for field in ('"max_batch": 64', '"resume_boot_ns": 7'):
+        reply = parse_control(f'{{"kind": "subscribe", "protocol_version": 1, {field}}}'.encode())
+        assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.INVALID_FIELD and "protocol_version 2" in (
+            reply.message)
+    reply = parse_control(b'{"kind": "subscribe", "protocol_version": 3}')
+    assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.UNSUPPORTED_VERSION
+    assert reply.message == "this agent speaks protocol 1 to 2, not 3"
+    reply = parse_control(b'{"kind": "subscribe", "max_batch": 0}')
+    assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.INVALID_FIELD
+
+
 def test_subscribe_defaults_to_this_version_and_everything() -> None:
     sub = parse_control(b'{"kind": "subscribe"}')
     assert sub == Subscribe() and isinstance(sub, Subscribe)
     assert (sub.protocol_version, sub.unit_ids, sub.kinds, sub.resume_after_seq) == (PROTOCOL_VERSION, None, None, None)
+    assert (sub.max_batch, sub.resume_boot_ns) == (1, None)  # one event per frame unless asked
 
 
 # -- tokens --------------------------------------------------------------------------------------------------

@@ -1,16 +1,26 @@
 """Telemetry benchmarks (issue #5): what the stream costs the engines, and the agent -> recorder -> DuckDB rate.
 
     python tests/benchmarks/bench_telemetry.py cost [--repeat 3] [--units 4] [--trace CSV | --workload SPEC]
+    python tests/benchmarks/bench_telemetry.py realtime [--repeat 3] [--limit N] [--start-speed 400]
     python tests/benchmarks/bench_telemetry.py e2e [--repeat 3]
-    python tests/benchmarks/bench_telemetry.py recorder [--repeat 3] [--events 500000]
+    python tests/benchmarks/bench_telemetry.py recorder [--repeat 3] [--events 500000] [--framing batch|single]
 
-``cost``: the same node (make_node, the Azure code trace by default), as fast as it goes, in five ways:
+``cost``: the same node (make_node, the Azure code trace by default), as fast as it goes, in six ways:
 *bare* (no hooks; ``advance`` one event time at a time, like ``Node.run`` in virtual time); *hub* (``Hub``
 attached: conversion, metrics, sequence numbers, replay buffer, no subscriber); *hub+sub* (the same and one
 subscription drained after every ``advance``, no sockets); *server* (``AgentServer`` on 127.0.0.1:0 driving
 the node on a wall clock far ahead of it, no subscriber); *server+ws* (the same and a websocket subscriber,
-``agent.client.open_session``, in another process). Arrivals are shifted by one real second so the
-subscriber is in place before the first event. Unit-steps per second from the first event to the last.
+``agent.client.open_session``, in another process, with batch frames of up to ``DEFAULT_MAX_BATCH`` events);
+*server+ws1* (the same subscriber with one event per frame, the version-1 framing). Arrivals are shifted by
+one real second so the subscriber is in place before the first event. Unit-steps per second from the first
+event to the last.
+
+``realtime``: what an operator sees: the node live on a wall clock, the way ``trackside agent --speed`` runs
+it (``AgentServer``, ``gc_control`` on), with telemetry off (the node's hooks detached: no hub work, no
+subscriber) and on (hub and one websocket subscriber with batch frames, in another process). For each, the
+highest speed at which the node keeps up with the wall clock (its next event never more than
+``--lag-limit-s`` late, sampled every 20 ms), doubled or halved from ``--start-speed`` until bracketed and
+then bisected to ``--resolution``; with the unit-steps per real second over that run and in its busiest second.
 
 ``e2e``: the agent (``AgentServer``, the same node, ``gc_control`` on as in ``trackside agent``) in a child
 process; ``agent.cli_serve.record`` with the real ``StoreWriter`` on a temporary DuckDB file in this one.
@@ -19,7 +29,9 @@ agent's sequencer: every seq 1..last_seq stored once, step rows = steps run, dro
 
 ``recorder``: the recorder alone, fed pre-generated events (a node run in virtual time through a ``Hub``,
 repeated up to ``--events``) by a child process that speaks the agent's protocol (hello, the subscribe reply,
-then one pre-encoded MessagePack frame per event, flow-controlled by TCP, so nothing can be dropped).
+then pre-encoded MessagePack frames: batch frames of the subscriber's ``max_batch``, as the agent's sender
+cuts them, or with ``--framing single`` one event per frame; flow-controlled by TCP, so nothing can be
+dropped).
 
 Prints numbers; asserts nothing. Results are recorded in docs/benchmarks.md.
 """
@@ -42,6 +54,7 @@ from typing import Any
 
 from agent.bench import BenchConfig
 from agent.cli_serve import make_node, record
+from agent.client import DEFAULT_MAX_BATCH
 from agent.hub import Hub
 from agent.node import Node
 from agent.protocol import CODECS, Alert, Event, OkReply, StepEvent, Subscribe, Subscribed
@@ -62,8 +75,8 @@ LEAD_S = 1.0
 # -- workload -----------------------------------------------------------------------------------------------
 def load_requests(args: argparse.Namespace) -> list[RequestSpec]:
     if args.workload:
-        return parse_workload(args.workload, seed=args.seed)
-    return load_trace(args.trace)
+        return parse_workload(args.workload, seed=args.seed)[: args.limit]
+    return load_trace(args.trace, limit=args.limit)
 
 
 def make_config(args: argparse.Namespace) -> BenchConfig:
@@ -116,19 +129,35 @@ def run_inline(config: BenchConfig, requests: Sequence[RequestSpec], mode: str) 
     return Run(num_steps(node), wall, extra)
 
 
-async def run_served(config: BenchConfig, requests: Sequence[RequestSpec], subscriber: bool) -> Run:
-    node = make_node(config, shifted(requests, SPEED * LEAD_S))
+async def run_served(
+    config: BenchConfig,
+    requests: Sequence[RequestSpec],
+    max_batch: int | None,
+    *,
+    speed: float = SPEED,
+    telemetry: bool = True,
+    gc_control: bool = False,
+    watch_lag: bool = False,
+) -> Run:
+    """The node behind an ``AgentServer`` at ``speed`` (default: flat out); with a websocket subscriber asking for
+    ``max_batch`` events per frame in another process (None: no subscriber); ``telemetry`` False: the node's hooks
+    detached (no hub work at all, the same server loop). ``watch_lag``: sample how late the node's next event is
+    against the wall clock (``extra["max_lag_s"]``, real seconds)."""
+    node = make_node(config, shifted(requests, speed * LEAD_S))
     hub = Hub(node, node_id="bench", profile=config.profile)
     loop = asyncio.get_running_loop()
     child = parent = None
-    if subscriber:
+    if max_batch is not None:
         ctx = mp.get_context("spawn")
         parent, child_end = ctx.Pipe()
-        child = ctx.Process(target=_subscriber_main, args=(child_end,), daemon=True)
+        child = ctx.Process(target=_subscriber_main, args=(child_end, max_batch), daemon=True)
         child.start()
         await loop.run_in_executor(None, parent.recv)  # its imports are done
-    server = AgentServer(hub, port=0, speed=SPEED, gc_control=False)
+    server = AgentServer(hub, port=0, speed=speed, gc_control=gc_control)
     await server.start()
+    if not telemetry:
+        node.on_step = node.on_finish = node.on_request = node.on_dispatch = node.on_preempt = None
+    lag = LagWatch()
     try:
         if parent is not None:
             parent.send(server.url)
@@ -136,19 +165,58 @@ async def run_served(config: BenchConfig, requests: Sequence[RequestSpec], subsc
         while server.num_events_processed == 0:
             await asyncio.sleep(0.0005)
         t0 = time.perf_counter()
+        watcher = asyncio.create_task(lag.watch(node, speed)) if watch_lag else None
         await server.workload_done.wait()
         wall = time.perf_counter() - t0
+        if watcher is not None:
+            watcher.cancel()
         await server.drain(30.0)
     finally:
         await server.stop()
     extra: dict[str, Any] = {"events": hub.sequencer.last_seq, "dropped": hub.num_dropped}
+    if lag.lags_s:
+        extra.update(max_lag_s=max(lag.lags_s), peak_rate=lag.peak_rate())
     if parent is not None and child is not None:
         extra.update(await loop.run_in_executor(None, parent.recv))
         child.join(10)
     return Run(num_steps(node), wall, extra)
 
 
-def _subscriber_main(conn: Connection) -> None:
+@dataclass(slots=True)
+class LagWatch:
+    """Samples of a live node against the wall clock: how late its next event is, and its steps so far."""
+
+    period_s: float = 0.02
+    times_s: list[float] = field(default_factory=list)
+    lags_s: list[float] = field(default_factory=list)
+    """Real seconds the node's next event was overdue at each sample (0 when it was not)."""
+    steps: list[int] = field(default_factory=list)
+
+    async def watch(self, node: Node, speed: float) -> None:
+        """Sample until cancelled. Called right after the node processed its first events: its clock started
+        then, less the first event's node time (that event is never late), to within the caller's polling."""
+        loop = asyncio.get_running_loop()
+        origin = loop.time() - node.now_s / speed
+        while True:
+            now = loop.time()
+            due = node.next_event_s()
+            self.times_s.append(now)
+            self.lags_s.append(0.0 if due is None else max(0.0, now - origin - due / speed))
+            self.steps.append(num_steps(node))
+            await asyncio.sleep(self.period_s)
+
+    def peak_rate(self, window_s: float = 1.0) -> float:
+        """The most steps per second over any ``window_s`` of the run."""
+        best, start = 0.0, 0
+        for end, t in enumerate(self.times_s):
+            while t - self.times_s[start] > window_s:
+                start += 1
+            if t - self.times_s[start] >= 0.9 * window_s:
+                best = max(best, (self.steps[end] - self.steps[start]) / (t - self.times_s[start]))
+        return best
+
+
+def _subscriber_main(conn: Connection, max_batch: int) -> None:
     """Child process: subscribe to the agent whose URL comes through ``conn``; count until it closes."""
     from websockets.exceptions import ConnectionClosed
 
@@ -157,19 +225,18 @@ def _subscriber_main(conn: Connection) -> None:
     async def main() -> dict[str, Any]:
         conn.send("ready")
         url = conn.recv()
-        counts = {"received": 0, "received_steps": 0, "alerts": 0, "last_seq": 0}
+        counts = {"received": 0, "frames": 0, "received_steps": 0, "alerts": 0, "last_seq": 0}
         async with open_session(url) as session:
-            await session.call(Subscribe())
+            await session.call(Subscribe(max_batch=max_batch))
             conn.send("subscribed")
             with contextlib.suppress(ConnectionClosed):
                 while True:
-                    event = await session.next_event()
-                    counts["received"] += 1
-                    if isinstance(event, StepEvent):
-                        counts["received_steps"] += 1
-                    elif isinstance(event, Alert):
-                        counts["alerts"] += 1
-                    counts["last_seq"] = max(counts["last_seq"], event.seq)
+                    events = await session.next_batch()
+                    counts["frames"] += 1
+                    counts["received"] += len(events)
+                    counts["received_steps"] += sum(isinstance(e, StepEvent) for e in events)
+                    counts["alerts"] += sum(isinstance(e, Alert) for e in events)
+                    counts["last_seq"] = max(counts["last_seq"], *(e.seq for e in events))
         return counts
 
     conn.send(asyncio.run(main()))
@@ -179,13 +246,14 @@ def cmd_cost(args: argparse.Namespace) -> None:
     requests = load_requests(args)
     config = make_config(args)
     print(f"workload: {len(requests):,} requests on {args.units} units ({args.batch_policy})")
-    modes = ["bare", "hub", "hub+sub", "server", "server+ws"]
+    modes = ["bare", "hub", "hub+sub", "server", "server+ws", "server+ws1"]
+    subscribers = {"server": None, "server+ws": DEFAULT_MAX_BATCH, "server+ws1": 1}
     runs: dict[str, list[Run]] = {m: [] for m in modes}
     for i in range(args.repeat):
         order = modes if i % 2 == 0 else modes[::-1]
         for mode in order:
-            if mode.startswith("server"):
-                run = asyncio.run(run_served(config, requests, subscriber=mode == "server+ws"))
+            if mode in subscribers:
+                run = asyncio.run(run_served(config, requests, subscribers[mode]))
             else:
                 run = run_inline(config, requests, mode)
             runs[mode].append(run)
@@ -200,6 +268,88 @@ def cmd_cost(args: argparse.Namespace) -> None:
         rate = statistics.median(r.rate for r in runs[mode])
         spread = ", ".join(f"{r.rate:,.0f}" for r in runs[mode])
         print(f"  {mode:9} {rate:9,.0f}  {100 * (1 - rate / base):+5.1f}%   ({spread})")
+
+
+# -- 1b. real-time headroom ---------------------------------------------------------------------------------
+REALTIME = {"off": (None, False), "on": (DEFAULT_MAX_BATCH, True)}
+"""Telemetry off (the node's hooks detached: no hub work, no subscriber) and on (hub and one websocket
+subscriber with batch frames, in another process): ``(max_batch, telemetry)`` for :func:`run_served`."""
+
+
+def realtime_probe(config: BenchConfig, requests: Sequence[RequestSpec], setting: str, speed: float) -> Run:
+    """The node live on a wall clock at ``speed``, as ``trackside agent --speed`` runs it (``gc_control`` on)."""
+    max_batch, telemetry = REALTIME[setting]
+    return asyncio.run(
+        run_served(config, requests, max_batch, speed=speed, telemetry=telemetry, gc_control=True, watch_lag=True)
+    )
+
+
+def max_realtime_speed(
+    config: BenchConfig,
+    requests: Sequence[RequestSpec],
+    setting: str,
+    *,
+    start: float,
+    lag_limit_s: float,
+    resolution: float,
+) -> tuple[float, Run]:
+    """The highest speed at which the node keeps up with the wall clock (its next event never more than
+    ``lag_limit_s`` late), to within a factor ``1 + resolution``: doubled or halved from ``start`` until
+    bracketed, then bisected geometrically. Returns it and its run."""
+    ok: tuple[float, Run] | None = None
+    too_fast: float | None = None
+    speed = start
+    while ok is None or too_fast is None or too_fast / ok[0] > 1 + resolution:
+        run = realtime_probe(config, requests, setting, speed)
+        keeps_up = run.extra["max_lag_s"] <= lag_limit_s
+        print(
+            f"   {setting:3} speed {speed:7.1f}: {run.rate:9,.0f} steps/s (peak {run.extra['peak_rate']:9,.0f} over "
+            f"1 s), max lag {1e3 * run.extra['max_lag_s']:7.1f} ms: {'keeps up' if keeps_up else 'falls behind'}",
+            flush=True,
+        )
+        if keeps_up:
+            ok = (speed, run)
+        else:
+            too_fast = speed
+        if ok is None or too_fast is None:
+            speed = speed * 2 if too_fast is None else speed / 2
+        else:
+            speed = (ok[0] * too_fast) ** 0.5
+    return ok
+
+
+def cmd_realtime(args: argparse.Namespace) -> None:
+    requests = load_requests(args)
+    config = make_config(args)
+    print(
+        f"workload: {len(requests):,} requests on {args.units} units ({args.batch_policy}); keeping up: the next "
+        f"event never more than {1e3 * args.lag_limit_s:g} ms late (sampled every 20 ms)"
+    )
+    found: dict[str, list[tuple[float, Run]]] = {name: [] for name in REALTIME}
+    for i in range(args.repeat):
+        for name in list(REALTIME) if i % 2 == 0 else list(REALTIME)[::-1]:
+            speed, run = max_realtime_speed(
+                config, requests, name, start=args.start_speed, lag_limit_s=args.lag_limit_s, resolution=args.resolution
+            )
+            found[name].append((speed, run))
+            print(
+                f"run {i + 1} telemetry {name}: keeps up to speed {speed:.1f}, {run.rate:,.0f} steps/s {run.extra}",
+                flush=True,
+            )
+    print(
+        "\nmedians (the fastest speed that keeps up; unit-steps per real second at it, over the run and at its "
+        "busiest second):"
+    )
+    base = statistics.median(speed for speed, _ in found["off"])
+    for name, results in found.items():
+        speed = statistics.median(s for s, _ in results)
+        rate = statistics.median(run.rate for _, run in results)
+        peak = statistics.median(run.extra["peak_rate"] for _, run in results)
+        runs = ", ".join(f"{s:.0f}: {r.rate:,.0f} / {r.extra['peak_rate']:,.0f}" for s, r in results)
+        print(
+            f"  telemetry {name:3}: speed {speed:7.1f} ({100 * (1 - speed / base):+5.1f}%), {rate:9,.0f} steps/s, "
+            f"peak {peak:9,.0f} ({runs})"
+        )
 
 
 # -- 2. end to end ------------------------------------------------------------------------------------------
@@ -401,6 +551,20 @@ def pregenerate(config: BenchConfig, requests: Sequence[RequestSpec], num_events
     return hub.hello(), events
 
 
+def encode_frames(events: Sequence[Event], max_batch: int) -> list[bytes]:
+    """``events`` as the agent's sender frames them for a subscriber's ``max_batch``: up to that many events
+    per ``EventBatch`` frame (fewer where the frame size cap cuts), one event per frame for ``max_batch`` 1."""
+    codec = CODECS["msgpack"]
+    if max_batch == 1:
+        return [codec.encode(e) for e in events]
+    frames, start = [], 0
+    while start < len(events):
+        frame, num = codec.encode_batch(events[start : start + max_batch])
+        frames.append(frame)
+        start += num
+    return frames
+
+
 def _frames_main(conn: Connection, opts: dict[str, Any]) -> None:
     """Child process: serve pre-encoded frames of pre-generated events to one subscriber, as fast as TCP goes."""
     from websockets.asyncio.server import ServerConnection, serve
@@ -409,7 +573,6 @@ def _frames_main(conn: Connection, opts: dict[str, Any]) -> None:
     config = BenchConfig(**opts["config"])
     requests = load_trace(Path(opts["trace"])) if opts["trace"] else parse_workload(opts["workload"], seed=0)
     hello, events = pregenerate(config, requests, opts["events"])
-    frames = [codec.encode(e) for e in events]
     totals: dict[str, Any] = {
         "last_seq": events[-1].seq,
         "steps": sum(isinstance(e, StepEvent) for e in events),
@@ -420,6 +583,10 @@ def _frames_main(conn: Connection, opts: dict[str, Any]) -> None:
     async def handle(ws: ServerConnection) -> None:
         await ws.send(codec.encode(hello))
         request = parse_control(await ws.recv(), fmt="msgpack")
+        assert isinstance(request, Subscribe)
+        max_batch = request.max_batch if opts["framing"] == "batch" else 1
+        frames = encode_frames(events, max_batch)
+        totals["frames"] = len(frames)
         await ws.send(codec.encode(OkReply(control_id=request.control_id, payload=Subscribed(last_seq=0))))
         t0 = time.monotonic()
         for frame in frames:
@@ -447,6 +614,7 @@ def cmd_recorder(args: argparse.Namespace) -> None:
         "trace": str(args.trace) if not args.workload else "",
         "workload": args.workload,
         "events": args.events,
+        "framing": args.framing,
     }
     rates = []
     for i in range(args.repeat):
@@ -468,7 +636,7 @@ def cmd_recorder(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["cost", "e2e", "recorder"])
+    parser.add_argument("what", choices=["cost", "realtime", "e2e", "recorder"])
     parser.add_argument("--units", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--batch-policy", default="vllm")
@@ -476,11 +644,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--workload", help="a synthetic workload spec instead of the trace (e.g. bursty:n=8000)")
+    parser.add_argument("--limit", type=int, help="the first N requests of the workload only")
+    parser.add_argument("--start-speed", type=float, default=400.0, help="realtime: the first speed tried")
+    parser.add_argument("--lag-limit-s", type=float, default=0.1, help="realtime: the lag that counts as behind")
+    parser.add_argument("--resolution", type=float, default=0.05, help="realtime: relative precision of the speed")
     parser.add_argument("--events", type=int, default=500_000, help="recorder: events to replay")
     parser.add_argument("--profile-out", help="recorder: cProfile the recording process's first run into this file")
+    parser.add_argument(
+        "--framing",
+        choices=["batch", "single"],
+        default="batch",
+        help="recorder: batch frames of the subscriber's max_batch (default), or one event per frame",
+    )
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {mp.cpu_count()} cpus, python {platform.python_version()}")
-    {"cost": cmd_cost, "e2e": cmd_e2e, "recorder": cmd_recorder}[args.what](args)
+    {"cost": cmd_cost, "realtime": cmd_realtime, "e2e": cmd_e2e, "recorder": cmd_recorder}[args.what](args)
 
 
 if __name__ == "__main__":
