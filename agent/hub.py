@@ -18,7 +18,7 @@ from typing import Any
 from agent.control import AuditRecord, NodeControl
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.metrics import NodeMetrics, render
-from agent.node import Node, RequestEventKind, RequestState
+from agent.node import MigrationRecord, Node, RequestEventKind, RequestState
 from agent.protocol import (
     Alert,
     AlertCode,
@@ -44,6 +44,7 @@ from agent.protocol import (
     SetDispatchPolicy,
     SetParams,
     Setting,
+    StageBoundaries,
     Status,
     StatusInfo,
     Subscribe,
@@ -58,6 +59,7 @@ from agent.wire import (
     Subscription,
     policy_schemas,
     request_finished,
+    request_migrated,
     request_preempted,
     slack_sample,
     step_event,
@@ -118,6 +120,8 @@ class Hub:
         """Node time between two ``unit_load`` events of one unit at least (0: one per unit and decision)."""
         self._next_sample_s = 0.0
         self._last_load_s: dict[int, float] = {}
+        self._last_boundaries: object = None
+        self._watchdog_resets = 0
 
     @property
     def control_enabled(self) -> bool:
@@ -132,6 +136,7 @@ class Hub:
         self.node.on_request = self._on_request
         self.node.on_dispatch = self._on_dispatch
         self.node.on_preempt = self._on_preempt
+        self.node.on_migrate = self._on_migrate
 
     def _on_step(self, record: StepRecord) -> None:
         self.metrics.observe_step(record)
@@ -158,6 +163,35 @@ class Hub:
                     continue
                 self._last_load_s[load.unit_id] = now_s
             self.publish(unit_load_event(load, self.origin, now_s, dispatch_id))
+        self._on_dispatch_outcome(decision)
+
+    def _on_dispatch_outcome(self, decision: DispatchDecision) -> None:
+        """Stage boundaries when they change, the watchdog's resets and requests held by flow control."""
+        now_ns = self.origin.ns(self.node.now_s)
+        dispatcher = self.node.dispatcher
+        reasons = decision.reasons
+        cut = reasons.get("boundaries")
+        if cut is not None and cut != self._last_boundaries:
+            self._last_boundaries = cut
+            bounds = tuple(int(b) for b in str(cut).split(",") if b)
+            units = tuple(tuple(g) for g in getattr(dispatcher, "stage_units", ()))
+            self.publish(StageBoundaries(node_id=self.node_id, time_ns=now_ns, policy=dispatcher.name,
+                                         boundaries_tokens=bounds[1:-1], stage_unit_ids=units,
+                                         reason="repartition" if reasons.get("repartitioned") else "refinement"))
+        resets = reasons.get("watchdog_resets")
+        if isinstance(resets, int) and resets > self._watchdog_resets:
+            self.publish(Alert(node_id=self.node_id, time_ns=now_ns, code=AlertCode.WATCHDOG_RESET,
+                               message=f"{dispatcher.name}: {resets - self._watchdog_resets} unit(s) reset after "
+                               "no end-of-step report", num_dropped=0))
+        if isinstance(resets, int):
+            self._watchdog_resets = resets
+        if decision.flow_control:
+            self.publish(Alert(node_id=self.node_id, time_ns=now_ns, code=AlertCode.REQUESTS_HELD,
+                               message=f"{dispatcher.name}: {len(decision.flow_control)} request(s) held past the "
+                               "wait limit", num_dropped=len(decision.flow_control)))
+
+    def _on_migrate(self, move: MigrationRecord) -> None:
+        self.publish(request_migrated(move, self.origin))
 
     def _on_preempt(self, record: StepRecord, request_ids: tuple[str, ...]) -> None:
         for rid in request_ids:

@@ -523,7 +523,11 @@ class Node:
         return carried.num_tokens if carried is not None else state.spec.prompt_tokens
 
     def _rebalance(self) -> None:
-        decision = self.dispatcher.dispatch((), self._loads(intake=True), self.now_s)
+        loads = self._loads(intake=True)
+        decision = self.dispatcher.dispatch((), loads, self.now_s)
+        self.num_dispatches += 1
+        if self.on_dispatch is not None:
+            self.on_dispatch(self.num_dispatches, loads, decision)
         self._start_migrations(decision.migrations)
 
     def _start_migrations(self, migrations: Sequence[Migration]) -> None:

@@ -228,11 +228,16 @@ class RequestPreempted(EventBase, frozen=True, kw_only=True, tag="request_preemp
 
 
 class RequestMigrated(EventBase, frozen=True, kw_only=True, tag="request_migrated"):
+    """A request moved between units (``time_ns``: when it arrived), or went back to the dispatcher because its
+    unit failed (``unit_id`` None)."""
+
     request_id: str
     from_unit_id: int
-    unit_id: int
-    """The destination."""
+    unit_id: int | None
+    """The destination; None: back at the dispatcher (its KV lost, it recomputes where it is placed next)."""
     reason: str = ""
+    """``why:how``: why (the dispatcher's ``handover``, ``rebalance``, ``starvation``; ``handoff`` from a prefill
+    to a decode unit; ``fault``) and how the KV travelled (``live``, ``recompute``, ``lost``)."""
 
 
 class RequestRefused(EventBase, frozen=True, kw_only=True, tag="request_refused"):
@@ -336,7 +341,10 @@ class AlertCode(enum.StrEnum):
     GAP = "gap"
     """A resume asked for events no longer buffered: ``first_seq..last_seq`` are lost."""
     WATCHDOG_RESET = "watchdog_reset"
+    """The dispatcher's watchdog reset a unit that did not report a step in time (``unit_id``)."""
     SLO_BREACH = "slo_breach"
+    REQUESTS_HELD = "requests_held"
+    """The dispatcher held ``num_dropped`` requests past its wait limit (SBS flow control; they stay pending)."""
 
 
 class Alert(EventBase, frozen=True, kw_only=True, tag="alert"):

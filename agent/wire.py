@@ -26,6 +26,7 @@ from typing import TypeVar
 import msgspec
 
 from agent.engine.base import RequestOutcome, StepRecord
+from agent.node import MigrationRecord
 from agent.protocol import (
     CODECS,
     EVENT_KINDS,
@@ -468,6 +469,13 @@ def request_preempted(record: StepRecord, request_id: str, origin: NodeOrigin) -
     """``request_id`` lost its KV in the step ``record``, when the step was planned (its start)."""
     return RequestPreempted(node_id=origin.node_id, time_ns=origin.ns(record.start_s), request_id=request_id,
                             unit_id=record.unit_id, step_id=record.step_index)
+
+
+def request_migrated(move: MigrationRecord, origin: NodeOrigin) -> RequestMigrated:
+    """A move between units (or back to the dispatcher), at its end."""
+    return RequestMigrated(node_id=origin.node_id, time_ns=origin.ns(move.end_s), request_id=move.request_id,
+                           from_unit_id=move.source_unit, unit_id=move.target_unit,
+                           reason=f"{move.reason}:{move.mechanism}")
 
 
 def slack_sample(

@@ -211,3 +211,76 @@ def test_slack_sample_keeps_the_least_slack() -> None:
 def test_agent_refuses_a_negative_slack_period(capsys: pytest.CaptureFixture[str]) -> None:
     assert serve_main(["agent", "--workload", "poisson:n=1", "--slack-sample-ms", "-1"]) == 2
     assert "--slack-sample-ms" in capsys.readouterr().err
+
+
+# -- dispatch across units: migrations, stage boundaries, dispatcher alerts -----------------------------------
+def test_migrations_and_faults_become_request_migrated_events() -> None:
+    from agent.protocol import RequestMigrated
+
+    units = [make_unit(0), make_unit(1)]
+    node = node_of(units, requests([(8, 10)] * 4))
+    hub = hub_of(node)
+    node.advance(3.5)
+    moved = {rid for rid, s in node.states.items() if s.unit_id == 0}
+    node.fail_unit(0)
+    node.run()
+    migrated = of(RequestMigrated, events(hub))
+    lost = [e for e in migrated if e.unit_id is None]
+    assert {e.request_id for e in lost} == moved
+    assert all(e.from_unit_id == 0 and e.reason == "fault:lost" for e in lost)
+    # ... and each is dispatched again to the surviving unit right after.
+    again = [e for e in of(RequestDispatched, events(hub)) if e.request_id in moved and e.unit_id == 1]
+    assert {e.request_id for e in again} == moved
+
+
+def test_cascade_publishes_stage_boundaries_when_they_change() -> None:
+    from agent.protocol import StageBoundaries
+
+    units = [make_unit(k) for k in range(4)]
+    reqs = requests([(16 if i % 2 else 4000, 20) for i in range(80)], [0.01 * i for i in range(80)])
+    node = Node(units, make_dispatch_policy("cascade", {"min_partition_samples": 8, "repartition_interval_s": 0.5}),
+                reqs, ttft_slo_s=5, tpot_slo_s=1)
+    hub = hub_of(node)
+    node.run()
+    stages = of(StageBoundaries, events(hub))
+    assert stages, "no stage_boundaries event"
+    for e in stages:
+        assert e.policy == "cascade"
+        assert len(e.stage_unit_ids) == len(e.boundaries_tokens) + 1
+        assert sorted(u for group in e.stage_unit_ids for u in group) == [0, 1, 2, 3]
+        assert list(e.boundaries_tokens) == sorted(e.boundaries_tokens)
+    assert all(a.boundaries_tokens != b.boundaries_tokens or a.stage_unit_ids != b.stage_unit_ids
+               for a, b in pairwise(stages))
+
+
+def test_dispatcher_watchdog_resets_and_held_requests_become_alerts() -> None:
+    from typing import ClassVar
+
+    from agent.protocol import Alert, AlertCode
+    from policies.base import DispatchPolicy
+    from policies.types import DispatchDecision
+
+    class Holding(DispatchPolicy):
+        """Holds every request twice (reporting it), counts one watchdog reset per call, then places it."""
+
+        name: ClassVar[str] = "holding"
+
+        def configure(self) -> None:
+            self.calls = 0
+
+        def dispatch(self, pending, units, now_s):  # type: ignore[no-untyped-def]
+            self.calls += 1
+            reasons = {"watchdog_resets": self.calls}
+            held = tuple(p.request_id for p in pending if p.cycles_waited < 2)
+            go = tuple((p.request_id, 0) for p in pending if p.cycles_waited >= 2)
+            return DispatchDecision(assignments=go, flow_control=held, reasons=reasons,
+                                    next_check_s=now_s + 0.1 if held else None)
+
+    node = Node([make_unit(0)], Holding(), requests([(8, 2)]), ttft_slo_s=5, tpot_slo_s=1)
+    hub = hub_of(node)
+    node.run()
+    alerts = of(Alert, events(hub))
+    held = [a for a in alerts if a.code == AlertCode.REQUESTS_HELD]
+    resets = [a for a in alerts if a.code == AlertCode.WATCHDOG_RESET]
+    assert len(held) == 2 and all(a.num_dropped == 1 for a in held)
+    assert len(resets) == 3  # one per dispatcher call whose count grew
