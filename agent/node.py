@@ -411,6 +411,7 @@ class Node:
         members, self._lock_members = self._lock_members, []
         for index in members:
             self._on_step_end(index, ask_dispatcher=False)
+        self._schedule_any()  # units that got work during the step (none of them was a member) join the next
         if (self.pending and self.dispatcher.wants_step_reports) or self.dispatcher.rebalances:
             self._dispatch()
 

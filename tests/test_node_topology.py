@@ -77,6 +77,18 @@ def test_lockstep_steps_start_together_and_last_as_long_as_the_slowest() -> None
     assert starts1[: len(starts0)] == starts0[: len(starts1)]
 
 
+def test_lockstep_a_unit_given_work_during_a_step_joins_the_next_one() -> None:
+    # Found by the property test below: unit 1 is idle when the step starts, gets a request during it, and
+    # must start with everyone at the step's end (not wait for a step of its own that nobody schedules).
+    cost = StepCoefficients(1.0, 0.0, 0.0)
+    units = [make_unit(0, cost=cost), make_unit(1, cost=cost)]
+    node, steps, done, _ = _node(units, requests([(1, 1), (1, 1)], [0.0, 0.5]), make_dispatch_policy("round_robin"),
+                                 lockstep=True)
+    node.run()
+    assert len(done) == 2
+    assert [(r.unit_id, r.start_s) for r in steps] == [(0, 0.0), (1, 1.0)]
+
+
 def test_without_lockstep_the_fast_unit_does_not_wait() -> None:
     cost = StepCoefficients(1.0, 1e-3, 0.0)
     units = [make_unit(0, cost=cost), make_unit(1, cost=cost)]

@@ -160,7 +160,6 @@ class SimUnit:
         self.requests: dict[str, _Req] = {}
         self.step_index = 0
         self._inflight: list[tuple[_Req, int]] | None = None
-        self._inflight_ids: set[str] = set()
         self._inflight_tokens = 0
         self._inflight_meta: tuple[float, float, float, StepPlan, int, int, int, int, int, int] | None = None
         self._preempted_now: list[str] = []
@@ -254,14 +253,15 @@ class SimUnit:
         return request_id in self.requests
 
     def stepping(self, request_id: str) -> bool:
-        return request_id in self._inflight_ids
+        req = self.requests.get(request_id)
+        return req is not None and self._inflight is not None and any(r is req for r, _ in self._inflight)
 
     def set_migrating(self, request_id: str, migrating: bool) -> None:
         self.requests[request_id].migrating = migrating
 
     def detach(self, request_id: str) -> Migrant:
         """Take a resident request off the unit, freeing its blocks (its KV leaves with the migrant)."""
-        if request_id in self._inflight_ids:
+        if self.stepping(request_id):
             raise RuntimeError(f"unit {self.unit_id}: {request_id} is in the step in flight")
         req = self.requests.pop(request_id)
         self.queued_prefill_tokens -= _outstanding_prefill(req)
@@ -312,7 +312,6 @@ class SimUnit:
         self.queued_prefill_tokens = 0
         self._inflight = None
         self._inflight_meta = None
-        self._inflight_ids = set()
         self._inflight_tokens = 0
         return out
 
@@ -344,7 +343,6 @@ class SimUnit:
         duration = self.timer.duration_s(new, ctx, len(scheduled), contexts, decode_tokens=dec_tok)
         predicted = self.cost_model.predict_s(new, ctx)
         self._inflight = scheduled
-        self._inflight_ids = {req.spec.request_id for req, _ in scheduled}
         self._inflight_tokens = new
         self._inflight_meta = (now_s, duration, predicted, plan, new, ctx, pre_tok, dec_tok, pre_reqs, dec_reqs)
         return duration
@@ -451,7 +449,6 @@ class SimUnit:
         start_s, _, predicted, plan, new, ctx, pre_tok, dec_tok, pre_reqs, dec_reqs = self._inflight_meta
         self._inflight = None
         self._inflight_meta = None
-        self._inflight_ids = set()
         self._inflight_tokens = 0
         finished: list[RequestOutcome] = []
         first_tokens: list[str] = []
