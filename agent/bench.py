@@ -223,6 +223,32 @@ def build_units(
     return units
 
 
+def build_node(
+    config: BenchConfig,
+    profile: Profile,
+    requests: Sequence[RequestSpec],
+    batch_params: Mapping[str, str],
+    dispatch_params: Mapping[str, str],
+    **hooks: Any,
+) -> Node:
+    """Fresh units, dispatcher and node for ``config``: topology, lockstep and the KV link included."""
+    link = MigrationConfig(
+        "recompute" if config.migration == "recompute" else "live",
+        kv_bytes_per_token=KV_BYTES_PER_TOKEN.get(profile.model, 131_072),
+        bandwidth_gb_s=config.kv_bandwidth_gb_s,
+    )
+    return Node(
+        build_units(config, profile, batch_params),
+        make_dispatch_policy(config.dispatch, dispatch_params),
+        requests,
+        ttft_slo_s=config.ttft_slo_ms / 1e3,
+        tpot_slo_s=config.tpot_slo_ms / 1e3,
+        lockstep=config.lockstep,
+        migration=link,
+        **hooks,
+    )
+
+
 def run_once(
     config: BenchConfig,
     workload: Sequence[RequestSpec],
@@ -256,19 +282,13 @@ def run_once(
     def on_migrate(m: MigrationRecord) -> None:
         cluster.add_migration(m.reason, m.mechanism)
 
-    units = build_units(config, profile, batch_params)
-    dispatcher = make_dispatch_policy(config.dispatch, dispatch_params)
     outcomes: list[RequestOutcome] = []
-    link = MigrationConfig(
-        "recompute" if config.migration == "recompute" else "live",
-        kv_bytes_per_token=KV_BYTES_PER_TOKEN.get(profile.model, 131_072),
-        bandwidth_gb_s=config.kv_bandwidth_gb_s,
-    )
-    node = Node(
-        units, dispatcher, runnable, ttft_slo_s=config.ttft_slo_ms / 1e3, tpot_slo_s=config.tpot_slo_ms / 1e3,
+    node = build_node(
+        config, profile, runnable, batch_params, dispatch_params,
         on_step=record, on_finish=outcomes.append, on_dispatch=on_dispatch, on_migrate=on_migrate,
-        lockstep=config.lockstep, migration=link,
     )
+    units = node.units
+    dispatcher = node.dispatcher
     total = len(requests)
     last_arrival = max((r.arrival_s for r in runnable), default=0.0)
     chunk = max(last_arrival / 400.0, 0.25)

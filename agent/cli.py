@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -147,7 +149,27 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--json", action="store_true", help="print the fit report as JSON")
     add_serve_commands(sub)
     add_store_commands(sub)
+    for name, text in UI_COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
     return parser
+
+
+UI_COMMANDS = {
+    "console": "the operator console (Textual): live agents, or --replay a store (see `trackside console --help`)",
+    "demo": "the console on a local simulated agent replaying a workload, recording to DuckDB (see `trackside demo "
+    "--help`)",
+}
+"""Commands of the ``console`` package. The agent imports no UI: these hand the process over to
+``python -m console`` with the same arguments."""
+
+
+def _hand_over_to_console(argv: Sequence[str], *, replace_process: bool) -> int:
+    """Run ``python -m console ARGV``: in place of this process (the command line), or as a child whose exit
+    status is returned (an in-process call, e.g. from a test)."""
+    command = [sys.executable, "-m", "console", *argv]
+    if replace_process:
+        os.execv(sys.executable, command)
+    return subprocess.call(command)
 
 
 def _load_workload(args: argparse.Namespace) -> list[RequestSpec]:
@@ -331,6 +353,9 @@ USER_ERRORS: tuple[type[Exception], ...] = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] in UI_COMMANDS:
+        return _hand_over_to_console(args_list, replace_process=argv is None)
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console()

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import msgspec
 from websockets.exceptions import WebSocketException
 
-from agent.bench import BenchConfig, build_units, split_params
+from agent.bench import TOPOLOGIES, BenchConfig, build_node, split_params
 from agent.client import AgentError, open_session, stream_batches
 from agent.engine.profiles import load_profile
 from agent.hub import Hub
@@ -54,7 +54,6 @@ from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec
 from policies.params import parse_assignments
-from policies.registry import make_dispatch_policy
 
 EXIT_ERROR_REPLY = 2
 EXIT_UNREACHABLE = 1
@@ -73,14 +72,21 @@ def add_serve_commands(sub: Any) -> None:
     src = agent.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="SPEC", help="synthetic workload NAME[:key=value,...]")
     src.add_argument("--trace", type=Path, help="trace file (Azure CSV or trackside JSONL)")
-    agent.add_argument("--units", type=int, default=4)
-    agent.add_argument("--batch-policy", default="vllm")
-    agent.add_argument("--dispatch", default="least_loaded")
-    agent.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
-    agent.add_argument("--profile", default="h100-llama31-8b")
-    agent.add_argument("--seed", type=int, default=0)
-    agent.add_argument("--slo-ttft-ms", type=float, default=500.0)
-    agent.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    agent.add_argument("--units", type=int, default=4, help="simulated DP units (default 4)")
+    agent.add_argument("--batch-policy", default="vllm", help="per-step batch policy (default vllm)")
+    agent.add_argument("--dispatch", default="least_loaded", help="dispatch policy (default least_loaded)")
+    agent.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                       help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy")
+    agent.add_argument("--profile", default="h100-llama31-8b", help="calibration profile (default h100-llama31-8b)")
+    agent.add_argument("--seed", type=int, default=0, help="random seed of the synthetic workload")
+    agent.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
+    agent.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
+    agent.add_argument("--topology", choices=TOPOLOGIES, default="colocated",
+                       help="colocated (default) or disaggregated prefill and decode pools")
+    agent.add_argument("--prefill-units", type=int, help="disaggregated: units in the prefill pool (default half)")
+    agent.add_argument("--lockstep", action="store_true", help="DP+EP: all units step together")
+    agent.add_argument("--migration", choices=("live", "recompute"), default="live",
+                       help="how moved requests' KV travels (default live)")
     agent.add_argument("--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="default 127.0.0.1:7700")
     agent.add_argument("--token-file", type=Path, help="control token (without it, control is disabled)")
     agent.add_argument("--speed", type=float, default=1.0, help="node seconds per real second (default 1)")
@@ -146,10 +152,8 @@ def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
     """Fresh simulated units and dispatcher for ``config`` (requests too long for the model are dropped)."""
     profile = load_profile(config.profile)
     batch_params, dispatch_params = split_params(config.params, config.batch_policy, config.dispatch)
-    units = build_units(config, profile, batch_params)
     runnable = [r for r in requests if r.prompt_tokens < profile.max_model_len]
-    return Node(units, make_dispatch_policy(config.dispatch, dispatch_params), runnable,
-                ttft_slo_s=config.ttft_slo_ms / 1e3, tpot_slo_s=config.tpot_slo_ms / 1e3)
+    return build_node(config, profile, runnable, batch_params, dispatch_params)
 
 
 def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
@@ -164,7 +168,12 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
     requests = (load_trace(args.trace) if args.trace is not None else parse_workload(args.workload, seed=args.seed))
     config = BenchConfig(profile=args.profile, units=args.units, batch_policy=args.batch_policy,
                          dispatch=args.dispatch, params=parse_assignments(args.param), ttft_slo_ms=args.slo_ttft_ms,
-                         tpot_slo_ms=args.slo_tpot_ms, seed=args.seed)
+                         tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, topology=args.topology,
+                         prefill_units=args.prefill_units, lockstep=args.lockstep, migration=args.migration)
+    try:
+        config.roles()
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
     node = make_node(config, requests)
     hub = Hub(node, node_id=args.node_id, profile=args.profile, token=token, replay_capacity=args.replay_events,
               slack_sample_ms=args.slack_sample_ms)

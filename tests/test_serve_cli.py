@@ -253,3 +253,19 @@ def test_record_refuses_a_bad_retention(capsys: pytest.CaptureFixture[str]) -> N
         main(["record", "ws://127.0.0.1:1", "--db", "x.duckdb", "--retention", "7 days"])
     assert info.value.code == 2
     assert "argument --retention: invalid duration '7 days': give a number and a unit" in capsys.readouterr().err
+
+
+def test_agent_builds_the_cluster_shape_it_is_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.bench import BenchConfig
+    from agent.cli_serve import make_node
+    from agent.workload.spec import parse_workload
+
+    node = make_node(BenchConfig(units=4, topology="disaggregated", prefill_units=1, lockstep=True,
+                                 dispatch="sbs"), parse_workload("poisson:n=20,rate=50", seed=0))
+    assert node.disaggregated and node.lockstep
+    assert [u.role for u in node.units] == ["prefill", "decode", "decode", "decode"]
+    node.run()
+    assert node.num_finished == 20 and node.num_migrations > 0
+    code = main(["agent", "--workload", "poisson:n=5", "--units", "2", "--topology", "disaggregated",
+                 "--prefill-units", "2", "--listen", "127.0.0.1:0"])
+    assert code == 2 and "2 prefill units of 2" in capsys.readouterr().err
