@@ -324,7 +324,7 @@ def run_once(
         offered_rps=offered_rps([r.arrival_s for r in requests]),
         refused=node.num_refused,
         cluster={
-            **cluster.as_dict(max_num_batched_tokens=units[0].max_num_batched_tokens),
+            **cluster.as_dict(max_num_batched_tokens=config.max_num_batched_tokens or profile.max_num_batched_tokens),
             "migrations_skipped": node.num_migrations_skipped,
             "faults": node.num_faults,
         },

@@ -142,6 +142,7 @@ class AgentSession:
     async def next_batch(self) -> Sequence[Event]:
         """The events of the next frame (one, or an ``EventBatch``'s), in stream order; raises
         ``ConnectionClosed`` when the connection is gone."""
+        events: Sequence[Event] | None
         if self._unread:
             events = tuple(self._unread)
             self._unread.clear()
@@ -254,6 +255,8 @@ async def stream_batches(
         try:
             hello = await session.start(open_timeout_s)
             _require_version(uri, hello)
+            position: int | None
+            position_boot: int | None
             if last_seq is not None:
                 position, position_boot = last_seq, boot_ns
             elif callable(resume_after_seq):

@@ -155,7 +155,7 @@ class ReplayBuffer:
 def event_unit_ids(event: Event) -> tuple[int, ...]:
     """The units an event concerns; empty for node-level events (which pass every unit filter)."""
     if isinstance(event, RequestMigrated):
-        return (event.from_unit_id, event.unit_id)
+        return (event.from_unit_id,) if event.unit_id is None else (event.from_unit_id, event.unit_id)
     if isinstance(event, ControlAudit):
         return event.unit_ids
     unit_id: int | None = getattr(event, "unit_id", None)

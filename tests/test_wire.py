@@ -414,3 +414,13 @@ def test_stamp_new_numbers_in_place_and_continues_the_sequence() -> None:
     second = sequencer.stamp_new(fresh)
     assert second is fresh and (first.seq, second.seq) == (1, 2)
     assert sequencer.stamp(step()).seq == 3 and sequencer.last_seq == 3
+
+
+def test_a_request_sent_back_by_a_fault_concerns_only_its_old_unit() -> None:
+    from agent.protocol import RequestMigrated
+    from agent.wire import event_unit_ids
+
+    back = RequestMigrated(node_id="n", time_ns=1, request_id="r", from_unit_id=2, unit_id=None, reason="fault:lost")
+    moved = RequestMigrated(node_id="n", time_ns=1, request_id="r", from_unit_id=2, unit_id=3, reason="rebalance:live")
+    assert event_unit_ids(back) == (2,)
+    assert event_unit_ids(moved) == (2, 3)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from agent.engine.base import Migrant, RequestOutcome, StepRecord, StepResult, SubmittedRequest
 from agent.engine.timing import StepTimer
@@ -93,23 +94,29 @@ class _Req:
         return self.spec.prompt_tokens + self.output
 
 
-class CostModel:
-    """The policy-side step model (what a policy believes); anything with these three members works."""
+class CostModel(Protocol):
+    """The policy-side step model (what a policy believes): ``FixedCostModel`` or
+    ``policies.cost.fit.OnlineStepModel``."""
 
-    coefficients: StepCoefficients
+    @property
+    def coefficients(self) -> StepCoefficients: ...
+
+    def predict_s(self, new_tokens: int, context_tokens: int) -> float: ...
+
+    def update(self, new_tokens: int, context_tokens: int, measured_s: float) -> float: ...
+
+
+class FixedCostModel:
+    """A cost model that never changes."""
+
+    def __init__(self, coefficients: StepCoefficients) -> None:
+        self.coefficients = coefficients
 
     def predict_s(self, new_tokens: int, context_tokens: int) -> float:
         return self.coefficients.predict_s(new_tokens, context_tokens)
 
     def update(self, new_tokens: int, context_tokens: int, measured_s: float) -> float:
         return 0.0
-
-
-class FixedCostModel(CostModel):
-    """A cost model that never changes."""
-
-    def __init__(self, coefficients: StepCoefficients) -> None:
-        self.coefficients = coefficients
 
 
 class SimUnit:
