@@ -53,3 +53,29 @@ def test_protocol_is_light_enough_for_console_and_store() -> None:
 def test_serve_commands_load_the_store_only_when_recording() -> None:
     loaded = loaded_modules_after("agent.cli_serve")
     assert "websockets" in loaded and not any(m == "store" or m.startswith("store.") for m in loaded)
+
+
+@pytest.mark.parametrize(
+    "module", ["console.state", "console.queries", "console.fleet", "console.render", "console.metrics"]
+)
+def test_console_state_model_is_plain(module: str) -> None:
+    """The state model and its pure functions load no UI, no sockets, no database and no engine."""
+    loaded = loaded_modules_after(module)
+    heavy = {m for m in loaded if m.split(".")[0] in {"textual", "websockets", "duckdb", "store", "vllm", "torch"}}
+    engine = {m for m in loaded if m.startswith(("agent.engine", "agent.node", "agent.wire", "agent.client"))}
+    assert not heavy | engine, heavy | engine
+
+
+@pytest.mark.parametrize("module", ["console.cli", "console.app", "console.feeds", "console.demo"])
+def test_console_runs_the_agent_as_a_child_and_imports_no_engine(module: str) -> None:
+    forbidden = ("agent.engine", "agent.node", "agent.wire", "agent.hub", "agent.server", "agent.cli", "agent.bench",
+                 "agent.workload", "vllm", "torch")
+    loaded = loaded_modules_after(module)
+    engine = {m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)}
+    assert not engine, engine
+    assert "agent.protocol" in loaded or module == "console.demo"
+
+
+@pytest.mark.parametrize("module", ["store.replay", "store.writer", "store.cli"])
+def test_store_imports_no_ui(module: str) -> None:
+    assert not loaded_after(module) & {"textual", "console"}

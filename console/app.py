@@ -1,0 +1,193 @@
+"""The operator console: a Textual app whose screens are modes (Overview, Heatmap), fed by feed workers.
+
+Data flow (STYLE example 8): one async worker per feed folds its updates into a plain
+:class:`~console.state.ConsoleState`; a timer every ``refresh_s`` hands the state to the active screen when it
+changed (so screens redraw at most ``1 / refresh_s`` times a second, however fast events arrive); screens
+compute what they draw with the pure queries and pass it down to their widgets.
+
+Time: in live mode the app ticks the state with its injected ``clock`` (wall-clock ns) at every refresh, so
+rates fall to zero when a node goes quiet; a replay uses the events' own time only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, ClassVar
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+
+from console.feeds import Feed
+from console.metrics import METRIC_SPECS
+from console.model import Connection
+from console.screens.base import StateScreen
+from console.screens.heatmap import HeatmapScreen
+from console.screens.help import HelpScreen, key_help
+from console.screens.overview import OverviewScreen
+from console.state import ConsoleState
+
+Clock = Callable[[], int]
+"""Wall-clock nanoseconds (``time.time_ns``), injectable for tests."""
+
+FEED_CLOSE_TIMEOUT_S = 2.0
+"""How long an exiting console waits for its feeds to close their connections."""
+MODE_TITLES: dict[str, str] = {"overview": "Overview", "heatmap": "Heatmap"}
+
+
+class ConsoleApp(App[int]):
+    """The console. ``feeds``: where events come from (live agents, or a store file)."""
+
+    CSS_PATH = "console.tcss"
+    TITLE = "trackside"
+    MODES: ClassVar[dict[str, str | Callable[[], Screen[Any]]]] = {
+        "overview": OverviewScreen,
+        "heatmap": HeatmapScreen,
+    }
+    DEFAULT_MODE: ClassVar[str] = "overview"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "1",
+            "show_mode('overview')",
+            "Overview",
+            id="console.overview",
+            tooltip="Nodes and units: state, policy, throughput, goodput, SLO attainment, TTFT/TPOT, alerts",
+        ),
+        Binding(
+            "2",
+            "show_mode('heatmap')",
+            "Heatmap",
+            id="console.heatmap",
+            tooltip="One metric of every unit over time, with a cursor and policy-change markers",
+        ),
+        Binding("question_mark,f1", "help", "Help", id="console.help", tooltip="List the keys of this screen"),
+        Binding("q", "quit", "Quit", id="console.quit", tooltip="Leave the console"),
+    ]
+
+    def __init__(
+        self,
+        feeds: Sequence[Feed],
+        *,
+        read_only: bool = False,
+        refresh_s: float = 0.1,
+        exit_after_s: float | None = None,
+        clock: Clock | None = time.time_ns,
+        state: ConsoleState | None = None,
+        keymap: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        if refresh_s <= 0:
+            raise ValueError("refresh_s must be positive")
+        self.feeds = tuple(feeds)
+        self.read_only = read_only
+        """Watch only: control actions (a later slice) are refused."""
+        self.refresh_s = refresh_s
+        self.exit_after_s = exit_after_s
+        self.clock = clock
+        self.state = state or ConsoleState()
+        self.num_refreshes = 0
+        """Screen updates so far (for the performance check)."""
+        if keymap:
+            self.set_keymap(dict(keymap))
+
+    # -- life cycle ---------------------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        for feed in self.feeds:
+            self.state.set_connection(feed.source, Connection.CONNECTING)
+            self.run_worker(self._follow(feed), name=f"feed {feed.source}", group="feeds", exit_on_error=False)
+        self.set_interval(self.refresh_s, self.refresh_views)
+        if self.exit_after_s is not None:
+            self.set_timer(self.exit_after_s, self._exit_after)
+        self.refresh_views(force=True)
+
+    async def _follow(self, feed: Feed) -> None:
+        """Fold one feed's updates into the state (the worker; it never touches a widget)."""
+        state = self.state
+        try:
+            async for update in feed.updates():
+                if update.connection is not None:
+                    state.set_connection(update.source, update.connection, update.detail)
+                if update.events:
+                    state.apply(update.events, update.source)
+        except Exception as exc:  # a broken feed must not take the console down: show it as offline
+            state.set_connection(feed.source, Connection.OFFLINE, str(exc) or type(exc).__name__)
+
+    async def on_unmount(self) -> None:
+        """Stop the feeds and let them close their connections before the loop ends (not at its shutdown)."""
+        workers = self.workers.cancel_group(self, "feeds")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.workers.wait_for_complete(workers), FEED_CLOSE_TIMEOUT_S)
+
+    def _exit_after(self) -> None:
+        self.exit(0)
+
+    # -- drawing ------------------------------------------------------------------------------------------------
+    def refresh_views(self, force: bool = False) -> None:
+        """Hand the state to the active screen if it changed since that screen last drew it (the refresh timer;
+        also right after a mode switch)."""
+        state = self.state
+        if self.clock is not None and any(s.connection != Connection.REPLAY for s in state.sources.values()):
+            state.tick(self.clock())
+        screen = self.screen
+        if not isinstance(screen, StateScreen) or not screen.is_mounted:
+            return
+        if force or screen.shown_version != state.version:
+            screen.show_state(state)
+            screen.shown_version = state.version
+            self.sub_title = self.describe_sources()
+            self.num_refreshes += 1
+
+    def describe_sources(self) -> str:
+        """The header's subtitle: the mode, each source's connection, the node count, read-only."""
+        parts = [MODE_TITLES.get(self.current_mode, self.current_mode)]
+        for info in self.state.sources.values():
+            parts.append(f"{info.source} {info.connection.value}")
+        parts.append(f"{len(self.state.nodes)} node{'s' if len(self.state.nodes) != 1 else ''}")
+        if self.read_only:
+            parts.append("READ-ONLY")
+        return " · ".join(parts)
+
+    # -- actions --------------------------------------------------------------------------------------------------
+    async def action_show_mode(self, mode: str) -> None:
+        """Switch to the screen of ``mode`` (``overview`` or ``heatmap``)."""
+        if mode != self.current_mode:
+            await self.switch_mode(mode)
+        self.refresh_views(force=True)
+        self.refresh_bindings()
+
+    def action_help(self) -> None:
+        """Open the help screen with the keys of the current screen."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(key_help(self.screen), read_only=self.read_only))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A mode's key is greyed out on that mode's own screen."""
+        if action == "show_mode" and parameters and parameters[0] == self.current_mode:
+            return None
+        return True
+
+    async def on_overview_screen_unit_chosen(self, message: OverviewScreen.UnitChosen) -> None:
+        await self.action_show_mode("heatmap")
+        screen = self.screen
+        if isinstance(screen, HeatmapScreen):
+            screen.select_unit(message.node_id, message.unit_id)
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        """The command palette: the app's own commands, then the console's actions (the same methods as keys)."""
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Overview", "Nodes, units and alerts (key 1)", partial(self.action_show_mode, "overview"))
+        yield SystemCommand(
+            "Heatmap", "Units by time for one metric (key 2)", partial(self.action_show_mode, "heatmap")
+        )
+        yield SystemCommand("Help", "List the keys of this screen, with their ids (key ?)", self.action_help)
+        if isinstance(screen, HeatmapScreen):
+            for metric, spec in METRIC_SPECS.items():
+                yield SystemCommand(
+                    f"Heatmap: {spec.label}",
+                    f"Show {spec.label} per unit (key {spec.key})",
+                    partial(screen.action_set_metric, metric.value),
+                )

@@ -1,0 +1,276 @@
+"""``python -m console console|demo ...`` (``trackside console`` and ``trackside demo`` hand over to it).
+
+* ``console URI [URI ...]``: live, one feed per agent (``ws://`` or ``wss://``); ``console --replay FILE``: a store
+  read back. ``--read-only`` (shown in the header; control comes in a later slice), ``--refresh S`` (the most
+  often screens redraw, default 0.1 s), ``--exit-after S`` (leave by itself: CI, smoke runs), ``--headless``
+  (no terminal output; also when stdout is not a terminal), ``--key ID=KEY`` (remap a binding by its id).
+* ``demo``: starts a simulated agent (and a recorder into ``--db``, default ``demo.duckdb`` in the user's data
+  folder; ``--no-record`` to skip) as child processes (see :mod:`console.demo`) and opens the console on it.
+
+Errors in what the user typed (a bad URI, a missing or unreadable file, a bad number) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from console.app import ConsoleApp
+from console.demo import AgentOptions, DemoError, data_dir, demo_children
+from console.feeds import Feed, LiveFeed, ReplayFeed
+from console.state import ConsoleState
+from store.schema import StoreError, connect
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem with the command line (one line, exit 2)."""
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def _add_view_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--read-only", action="store_true", help="watch only: refuse control actions")
+    parser.add_argument(
+        "--refresh",
+        type=_positive,
+        default=0.1,
+        metavar="S",
+        help="redraw screens at most every S seconds (default 0.1)",
+    )
+    parser.add_argument("--exit-after", type=_positive, metavar="S", help="exit by itself after S seconds")
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        help="run without drawing to the terminal (also when stdout is not a terminal)",
+    )
+    parser.add_argument(
+        "--bucket-s",
+        type=_positive,
+        default=1.0,
+        metavar="S",
+        help="width of a heatmap column and of trend bars (default 1 s)",
+    )
+    parser.add_argument(
+        "--window-s",
+        type=_positive,
+        default=30.0,
+        metavar="S",
+        help="sliding window of rates and percentiles (default 30 s)",
+    )
+    parser.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="ID=KEY",
+        help="bind KEY to the binding with this id (repeatable; ids are on the help screen)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trackside", description="The trackside operator console.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    con = sub.add_parser(
+        "console",
+        help="watch live agents, or replay a store",
+        description="The operator console on live agents (ws://HOST:PORT ...) or on a store file read back (--replay).",
+    )
+    con.add_argument("uris", nargs="*", metavar="URI", help="agents: ws://HOST:PORT or wss://HOST:PORT")
+    con.add_argument("--replay", type=Path, metavar="FILE", help="a DuckDB store (trackside record) to read back")
+    con.add_argument("--token-file", type=Path, help="control token of the agents (for control, a later slice)")
+    _add_view_options(con)
+
+    demo = sub.add_parser(
+        "demo",
+        help="the console on a local simulated agent, recording to DuckDB",
+        description="Start a simulated agent (4 H100 units by default) and a recorder as child "
+        "processes, open the console on the agent, stop both on exit.",
+    )
+    src = demo.add_mutually_exclusive_group()
+    src.add_argument(
+        "--workload",
+        default="bursty",
+        metavar="SPEC",
+        help="synthetic workload NAME[:key=value,...] (default bursty; n=100000 unless given)",
+    )
+    src.add_argument("--trace", type=Path, help="trace file instead (Azure CSV or trackside JSONL)")
+    demo.add_argument("--units", type=int, default=4, help="simulated units (default 4)")
+    demo.add_argument("--batch-policy", default="vllm")
+    demo.add_argument("--dispatch", default="least_loaded")
+    demo.add_argument("--speed", type=_positive, default=1.0, help="node seconds per real second (default 1)")
+    demo.add_argument("--db", type=Path, help=f"record here (default {data_dir() / 'demo.duckdb'})")
+    demo.add_argument("--no-record", action="store_true", help="do not record")
+    _add_view_options(demo)
+    return parser
+
+
+# -- validation ----------------------------------------------------------------------------------------------------
+def check_uri(uri: str) -> str:
+    """``uri`` if it is a usable agent address, else a :class:`UsageError` saying why."""
+    try:
+        parts = urlsplit(uri)
+        _ = parts.port  # raises on a port that is not a number or out of range
+    except ValueError as exc:
+        raise UsageError(f"bad agent URI {uri!r}: {exc}") from None
+    if parts.scheme not in ("ws", "wss"):
+        raise UsageError(f"bad agent URI {uri!r}: it must start with ws:// or wss://")
+    if not parts.hostname:
+        raise UsageError(f"bad agent URI {uri!r}: no host")
+    return uri
+
+
+def check_store(path: Path) -> Path:
+    """``path`` if it is a store that can be read now (exists, is a trackside store, nobody writes it)."""
+    try:
+        connect(path, read_only=True).close()
+    except StoreError as exc:
+        raise UsageError(f"cannot replay {path}: {exc}") from None
+    return path
+
+
+def read_token(path: Path | None) -> str:
+    """The control token in ``path`` ("" without a file)."""
+    if path is None:
+        return ""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read token file {path}: {exc.strerror}") from None
+    if not token:
+        raise UsageError(f"token file {path} is empty")
+    return token
+
+
+def parse_keymap(items: Sequence[str]) -> dict[str, str]:
+    """``--key ID=KEY`` options as a keymap for ``App.set_keymap``."""
+    keymap = {}
+    for item in items:
+        ident, sep, key = item.partition("=")
+        if not sep or not ident or not key:
+            raise UsageError(f"--key takes ID=KEY, not {item!r}")
+        keymap[ident] = key
+    return keymap
+
+
+# -- running ---------------------------------------------------------------------------------------------------------
+def make_app(feeds: Sequence[Feed], args: argparse.Namespace) -> ConsoleApp:
+    """The console app for ``feeds`` with the view options of the command line."""
+    state = ConsoleState(bucket_s=args.bucket_s, window_s=args.window_s)
+    return ConsoleApp(
+        feeds,
+        read_only=args.read_only,
+        refresh_s=args.refresh,
+        exit_after_s=args.exit_after,
+        state=state,
+        keymap=parse_keymap(args.key),
+    )
+
+
+def run_app(app: ConsoleApp, *, headless: bool) -> int:
+    """Run ``app`` until it exits (SIGTERM and SIGHUP make it exit cleanly too); its exit status."""
+
+    async def main() -> int | None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, app.exit, 0)
+        return await app.run_async(headless=headless)
+
+    result = asyncio.run(main())
+    return 0 if result is None else result
+
+
+def is_headless(args: argparse.Namespace) -> bool:
+    """``--headless``, or no terminal to draw on."""
+    return bool(args.headless) or not sys.stdout.isatty()
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """``console``: live agents or a replay."""
+    if args.replay is not None and args.uris:
+        raise UsageError("give agent URIs or --replay FILE, not both")
+    if args.replay is None and not args.uris:
+        raise UsageError("give at least one agent URI (ws://HOST:PORT) or --replay FILE")
+    read_token(args.token_file)  # checked now; used by control (a later slice)
+    feeds: list[Feed]
+    if args.replay is not None:
+        feeds = [ReplayFeed(check_store(args.replay))]
+    else:
+        feeds = [LiveFeed(check_uri(u)) for u in dict.fromkeys(args.uris)]
+    return run_app(make_app(feeds, args), headless=is_headless(args))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``demo``: an agent (and a recorder) as children, the console on the agent, the children stopped after."""
+    if args.units < 1:
+        raise UsageError("--units must be at least 1")
+    if args.trace is not None and not args.trace.is_file():
+        raise UsageError(f"no trace file at {args.trace}")
+    workload = (
+        args.workload
+        if "n=" in args.workload
+        else args.workload + (",n=100000" if ":" in args.workload else ":n=100000")
+    )
+    options = AgentOptions(
+        workload=workload,
+        trace=args.trace,
+        units=args.units,
+        batch_policy=args.batch_policy,
+        dispatch=args.dispatch,
+        speed=args.speed,
+    )
+    db = None if args.no_record else (args.db or data_dir() / "demo.duckdb")
+    if db is not None:
+        _check_writable(db)
+    logs = db.parent if db is not None else data_dir()
+    with demo_children(options, db=db, logs=logs) as children:
+        recording = f"recording to {db} (pid {children.recorder.pid})" if children.recorder else "not recording"
+        print(
+            f"trackside demo: agent pid {children.agent.pid} at {children.url}; {recording}; logs in {logs}",
+            file=sys.stderr,
+            flush=True,
+        )
+        status = run_app(make_app([LiveFeed(children.url)], args), headless=is_headless(args))
+    print(
+        f"trackside demo: stopped the agent{' and the recorder' if db else ''}" + (f"; recorded to {db}" if db else ""),
+        file=sys.stderr,
+    )
+    return status
+
+
+def _check_writable(db: Path) -> None:
+    """Refuse a store another process writes (the recorder would fail at once) or that is not a store."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        connect(db).close()
+    except StoreError as exc:
+        raise UsageError(f"cannot record to {db}: {exc} (use --db PATH or --no-record)") from None
+
+
+COMMANDS = {"console": cmd_console, "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; the exit status (2 for a usage error)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, DemoError) as exc:
+        print(f"trackside {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""The console's screens: one per mode, plus the help screen."""

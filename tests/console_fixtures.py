@@ -1,0 +1,71 @@
+"""A small store for the console's tests: two simulated nodes run through the hub into ``StoreWriter``.
+
+The tests may import the engine (only the ``console`` package may not). Node ``node-a`` (4 units, vLLM's policy,
+least-loaded dispatch) gets a batch-policy swap on unit 1 half-way and an alert; node ``node-b`` (2 units,
+FairBatching with PAB, PAB dispatch) runs alongside.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from serve_harness import TOKEN
+
+from agent.bench import BenchConfig
+from agent.cli_serve import make_node
+from agent.hub import Hub
+from agent.protocol import Alert, Event, OkReply, SetBatchPolicy
+from agent.workload.spec import parse_workload
+from store.writer import StoreWriter
+
+SWAP_AT_S = 4.0
+RUN_S = 8.0
+
+
+def make_node_hub(node_id: str, *, units: int, batch_policy: str, dispatch: str, workload: str) -> Hub:
+    config = BenchConfig(units=units, batch_policy=batch_policy, dispatch=dispatch)
+    node = make_node(config, parse_workload(workload, seed=1))
+    return Hub(node, node_id=node_id, profile=config.profile, token=TOKEN, replay_capacity=1 << 20, slack_sample_ms=0)
+
+
+def node_a_events() -> list[Event]:
+    """node-a's hello and stream: a swap of unit 1 to sarathi at 4 s of node time, an alert, 8 s in all."""
+    hub = make_node_hub(
+        "node-a", units=4, batch_policy="vllm", dispatch="least_loaded", workload="bursty:n=600,rate=60"
+    )
+    hub.attach()
+    hello = hub.hello()
+    hub.node.advance(SWAP_AT_S)
+    reply = hub.handle(SetBatchPolicy(policy="sarathi", unit_ids=(1,), token=TOKEN), who="test")
+    assert isinstance(reply, OkReply), reply
+    hub.publish(
+        Alert(
+            node_id="node-a",
+            time_ns=hub.origin.ns(hub.node.now_s),
+            code="slo_breach",
+            severity="warning",
+            unit_id=2,
+            message="unit 2 is missing its TPOT target",
+        )
+    )
+    hub.node.advance(RUN_S)
+    return [hello, *hub.replay.since(0).events]
+
+
+def node_b_events() -> list[Event]:
+    hub = make_node_hub(
+        "node-b", units=2, batch_policy="fairbatching+pab", dispatch="pab", workload="poisson:n=300,rate=30"
+    )
+    hub.attach()
+    hello = hub.hello()
+    hub.node.advance(RUN_S)
+    return [hello, *hub.replay.since(0).events]
+
+
+def build_store(path: Path) -> Path:
+    """Write both nodes' events to a new store at ``path``."""
+    with StoreWriter(path) as writer:
+        writer.write(node_a_events())
+        writer.write(node_b_events())
+        writer.flush()
+    return path
