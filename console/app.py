@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
+from textual.css.query import NoMatches
 from textual.screen import Screen
 
 from console.feeds import Feed
@@ -29,6 +30,12 @@ from console.screens.base import StateScreen
 from console.screens.heatmap import HeatmapScreen
 from console.screens.help import HelpScreen, key_help
 from console.screens.overview import OverviewScreen
+from console.screens.policies import PoliciesScreen
+from console.screens.slack import SlackScreen
+from console.screens.sql import SqlScreen
+from console.screens.stages import StagesScreen
+from console.screens.steps import StepsScreen
+from console.sql import Database
 from console.state import ConsoleState
 
 Clock = Callable[[], int]
@@ -36,7 +43,15 @@ Clock = Callable[[], int]
 
 FEED_CLOSE_TIMEOUT_S = 2.0
 """How long an exiting console waits for its feeds to close their connections."""
-MODE_TITLES: dict[str, str] = {"overview": "Overview", "heatmap": "Heatmap"}
+MODE_TITLES: dict[str, str] = {
+    "overview": "Overview",
+    "heatmap": "Heatmap",
+    "steps": "Steps",
+    "slack": "Slack",
+    "stages": "Stages",
+    "policies": "Policies",
+    "sql": "SQL",
+}
 
 
 class ConsoleApp(App[int]):
@@ -47,6 +62,11 @@ class ConsoleApp(App[int]):
     MODES: ClassVar[dict[str, str | Callable[[], Screen[Any]]]] = {
         "overview": OverviewScreen,
         "heatmap": HeatmapScreen,
+        "steps": StepsScreen,
+        "slack": SlackScreen,
+        "stages": StagesScreen,
+        "policies": PoliciesScreen,
+        "sql": SqlScreen,
     }
     DEFAULT_MODE: ClassVar[str] = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -64,6 +84,41 @@ class ConsoleApp(App[int]):
             id="console.heatmap",
             tooltip="One metric of every unit over time, with a cursor and policy-change markers",
         ),
+        Binding(
+            "3",
+            "show_mode('steps')",
+            "Steps",
+            id="console.steps",
+            tooltip="A unit's recent steps: prefill/decode tokens, mode, predicted vs measured time, budget, reasons",
+        ),
+        Binding(
+            "4",
+            "show_mode('slack')",
+            "Slack",
+            id="console.slack",
+            tooltip="A unit's slack over its running requests, the nearest to a miss, one request's envelope",
+        ),
+        Binding(
+            "5",
+            "show_mode('stages')",
+            "Stages",
+            id="console.stages",
+            tooltip="Length stages of a staged dispatcher: lengths, boundaries over time, stage load, migrations",
+        ),
+        Binding(
+            "6",
+            "show_mode('policies')",
+            "Policies",
+            id="console.policies",
+            tooltip="Policies of units and dispatchers: edit with a dry run, pause/drain/resume, the audit log",
+        ),
+        Binding(
+            "7",
+            "show_mode('sql')",
+            "SQL",
+            id="console.sql",
+            tooltip="Read-only SQL on the console's DuckDB (the replay or its own recording); export to CSV/Parquet",
+        ),
         Binding("question_mark,f1", "help", "Help", id="console.help", tooltip="List the keys of this screen"),
         Binding("q", "quit", "Quit", id="console.quit", tooltip="Leave the console"),
     ]
@@ -78,13 +133,19 @@ class ConsoleApp(App[int]):
         clock: Clock | None = time.time_ns,
         state: ConsoleState | None = None,
         keymap: Mapping[str, str] | None = None,
+        token: str = "",
+        database: Database | None = None,
     ) -> None:
         super().__init__()
         if refresh_s <= 0:
             raise ValueError("refresh_s must be positive")
         self.feeds = tuple(feeds)
         self.read_only = read_only
-        """Watch only: control actions (a later slice) are refused."""
+        """Watch only: control actions are refused."""
+        self.token = token
+        """The agents' control token (``--token-file``; "": control is off)."""
+        self.database = database
+        """What the SQL screen queries: the replayed file, or the console's own recording (None: neither)."""
         self.refresh_s = refresh_s
         self.exit_after_s = exit_after_s
         self.clock = clock
@@ -136,7 +197,10 @@ class ConsoleApp(App[int]):
         if not isinstance(screen, StateScreen) or not screen.is_mounted:
             return
         if force or screen.shown_version != state.version:
-            screen.show_state(state)
+            try:
+                screen.show_state(state)
+            except NoMatches:  # its widgets are still being mounted: draw it at the next refresh
+                return
             screen.shown_version = state.version
             self.sub_title = self.describe_sources()
             self.num_refreshes += 1
@@ -183,7 +247,18 @@ class ConsoleApp(App[int]):
         yield SystemCommand(
             "Heatmap", "Units by time for one metric (key 2)", partial(self.action_show_mode, "heatmap")
         )
+        yield SystemCommand("Steps", "A unit's steps and reasons (key 3)", partial(self.action_show_mode, "steps"))
+        yield SystemCommand("Slack", "Slack of running requests (key 4)", partial(self.action_show_mode, "slack"))
+        yield SystemCommand(
+            "Stages", "Length stages, boundaries and migrations (key 5)", partial(self.action_show_mode, "stages")
+        )
+        yield SystemCommand(
+            "Policies", "Policies, control and the audit log (key 6)", partial(self.action_show_mode, "policies")
+        )
+        yield SystemCommand("SQL", "Query the console's DuckDB (key 7)", partial(self.action_show_mode, "sql"))
         yield SystemCommand("Help", "List the keys of this screen, with their ids (key ?)", self.action_help)
+        if isinstance(screen, PoliciesScreen | SqlScreen):
+            yield from screen.system_commands()
         if isinstance(screen, HeatmapScreen):
             for metric, spec in METRIC_SPECS.items():
                 yield SystemCommand(

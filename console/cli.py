@@ -1,11 +1,15 @@
 """``python -m console console|demo ...`` (``trackside console`` and ``trackside demo`` hand over to it).
 
-* ``console URI [URI ...]``: live, one feed per agent (``ws://`` or ``wss://``); ``console --replay FILE``: a store
-  read back. ``--read-only`` (shown in the header; control comes in a later slice), ``--refresh S`` (the most
-  often screens redraw, default 0.1 s), ``--exit-after S`` (leave by itself: CI, smoke runs), ``--headless``
-  (no terminal output; also when stdout is not a terminal), ``--key ID=KEY`` (remap a binding by its id).
-* ``demo``: starts a simulated agent (and a recorder into ``--db``, default ``demo.duckdb`` in the user's data
-  folder; ``--no-record`` to skip) as child processes (see :mod:`console.demo`) and opens the console on it.
+* ``console URI [URI ...]``: live, one feed per agent (``ws://`` or ``wss://``), recording what it receives into
+  ``--db`` (default ``console.duckdb`` in the user's data folder; ``--no-record`` to skip; see
+  :mod:`console.recorder`); ``console --replay FILE``: a store read back (its SQL screen queries that file).
+  ``--token-file`` (the agents' control token: the Policies screen's actions), ``--read-only`` (no control),
+  ``--refresh S`` (the most often screens redraw, default 0.1 s), ``--exit-after S`` (leave by itself: CI, smoke
+  runs), ``--headless`` (no terminal output; also when stdout is not a terminal), ``--key ID=KEY`` (remap a binding
+  by its id).
+* ``demo``: starts a simulated agent as a child process (see :mod:`console.demo`) and opens the console on it,
+  with the agent's token (control works) and recording into ``--db`` (default ``demo.duckdb`` in the user's data
+  folder; ``--no-record`` to skip).
 
 Errors in what the user typed (a bad URI, a missing or unreadable file, a bad number) print one line and exit 2.
 """
@@ -14,15 +18,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from console.app import ConsoleApp
 from console.demo import AgentOptions, DemoError, data_dir, demo_children
 from console.feeds import Feed, LiveFeed, ReplayFeed
+from console.recorder import ConsoleRecorder, RecordError, RecordingFeed
+from console.sql import Database, ReplayDatabase
 from console.state import ConsoleState
 from store.schema import StoreError, connect
 
@@ -87,18 +94,31 @@ def build_parser() -> argparse.ArgumentParser:
     con = sub.add_parser(
         "console",
         help="watch live agents, or replay a store",
-        description="The operator console on live agents (ws://HOST:PORT ...) or on a store file read back (--replay).",
+        description="The operator console on live agents (ws://HOST:PORT ...), recording what it receives to DuckDB, "
+        "or on a store file read back (--replay).",
     )
     con.add_argument("uris", nargs="*", metavar="URI", help="agents: ws://HOST:PORT or wss://HOST:PORT")
     con.add_argument("--replay", type=Path, metavar="FILE", help="a DuckDB store (trackside record) to read back")
-    con.add_argument("--token-file", type=Path, help="control token of the agents (for control, a later slice)")
+    con.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="the agents' control token: enables the Policies screen's control actions",
+    )
+    con.add_argument(
+        "--db",
+        type=Path,
+        metavar="PATH",
+        help=f"record what the console receives here (live only; default {data_dir() / 'console.duckdb'})",
+    )
+    con.add_argument("--no-record", action="store_true", help="do not record (the SQL screen then has no database)")
     _add_view_options(con)
 
     demo = sub.add_parser(
         "demo",
         help="the console on a local simulated agent, recording to DuckDB",
-        description="Start a simulated agent (4 H100 units by default) and a recorder as child "
-        "processes, open the console on the agent, stop both on exit.",
+        description="Start a simulated agent (4 H100 units by default) as a child process, open the console on "
+        "it with its control token, record what the console receives, stop the agent on exit.",
     )
     src = demo.add_mutually_exclusive_group()
     src.add_argument(
@@ -112,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-policy", default="vllm")
     demo.add_argument("--dispatch", default="least_loaded")
     demo.add_argument("--speed", type=_positive, default=1.0, help="node seconds per real second (default 1)")
-    demo.add_argument("--db", type=Path, help=f"record here (default {data_dir() / 'demo.duckdb'})")
+    demo.add_argument("--db", type=Path, metavar="PATH", help=f"record here (default {data_dir() / 'demo.duckdb'})")
     demo.add_argument("--no-record", action="store_true", help="do not record")
     _add_view_options(demo)
     return parser
@@ -167,8 +187,11 @@ def parse_keymap(items: Sequence[str]) -> dict[str, str]:
 
 
 # -- running ---------------------------------------------------------------------------------------------------------
-def make_app(feeds: Sequence[Feed], args: argparse.Namespace) -> ConsoleApp:
-    """The console app for ``feeds`` with the view options of the command line."""
+def make_app(
+    feeds: Sequence[Feed], args: argparse.Namespace, *, token: str = "", database: Database | None = None
+) -> ConsoleApp:
+    """The console app for ``feeds`` with the view options of the command line, the control token and the
+    database of its SQL screen."""
     state = ConsoleState(bucket_s=args.bucket_s, window_s=args.window_s)
     return ConsoleApp(
         feeds,
@@ -177,7 +200,30 @@ def make_app(feeds: Sequence[Feed], args: argparse.Namespace) -> ConsoleApp:
         exit_after_s=args.exit_after,
         state=state,
         keymap=parse_keymap(args.key),
+        token=token,
+        database=database,
     )
+
+
+@contextlib.contextmanager
+def open_recording(db: Path | None) -> Iterator[ConsoleRecorder | None]:
+    """The console's recorder on ``db`` (None: not recording), closed (everything written, committed) on exit."""
+    if db is None:
+        yield None
+        return
+    try:
+        recorder = ConsoleRecorder(db)
+    except RecordError as exc:
+        raise UsageError(f"{exc} (use --db PATH or --no-record)") from None
+    with recorder:
+        yield recorder
+
+
+def live_feeds(uris: Sequence[str], recorder: ConsoleRecorder | None) -> list[Feed]:
+    """One feed per agent; with a recorder, each resumes from the store's position and records what it gets."""
+    if recorder is None:
+        return [LiveFeed(uri) for uri in uris]
+    return [RecordingFeed(LiveFeed(uri, resume=recorder.resume_from), recorder) for uri in uris]
 
 
 def run_app(app: ConsoleApp, *, headless: bool) -> int:
@@ -204,17 +250,23 @@ def cmd_console(args: argparse.Namespace) -> int:
         raise UsageError("give agent URIs or --replay FILE, not both")
     if args.replay is None and not args.uris:
         raise UsageError("give at least one agent URI (ws://HOST:PORT) or --replay FILE")
-    read_token(args.token_file)  # checked now; used by control (a later slice)
-    feeds: list[Feed]
+    token = read_token(args.token_file)
     if args.replay is not None:
-        feeds = [ReplayFeed(check_store(args.replay))]
-    else:
-        feeds = [LiveFeed(check_uri(u)) for u in dict.fromkeys(args.uris)]
-    return run_app(make_app(feeds, args), headless=is_headless(args))
+        if args.db is not None:
+            raise UsageError("--db records a live console; a replay's SQL screen queries the replayed file")
+        database = ReplayDatabase(check_store(args.replay))
+        with contextlib.closing(database):
+            app = make_app([ReplayFeed(args.replay)], args, token=token, database=database)
+            return run_app(app, headless=is_headless(args))
+    uris = [check_uri(u) for u in dict.fromkeys(args.uris)]
+    db = None if args.no_record else (args.db or data_dir() / "console.duckdb")
+    with open_recording(db) as recorder:
+        app = make_app(live_feeds(uris, recorder), args, token=token, database=recorder)
+        return run_app(app, headless=is_headless(args))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``demo``: an agent (and a recorder) as children, the console on the agent, the children stopped after."""
+    """``demo``: an agent as a child, the console on it (recording), the agent stopped after."""
     if args.units < 1:
         raise UsageError("--units must be at least 1")
     if args.trace is not None and not args.trace.is_file():
@@ -233,31 +285,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
         speed=args.speed,
     )
     db = None if args.no_record else (args.db or data_dir() / "demo.duckdb")
-    if db is not None:
-        _check_writable(db)
     logs = db.parent if db is not None else data_dir()
-    with demo_children(options, db=db, logs=logs) as children:
-        recording = f"recording to {db} (pid {children.recorder.pid})" if children.recorder else "not recording"
+    with open_recording(db) as recorder, demo_children(options, logs=logs) as children:  # the file is checked first
+        recording = f"the console records to {db}" if db else "not recording"
         print(
             f"trackside demo: agent pid {children.agent.pid} at {children.url}; {recording}; logs in {logs}",
             file=sys.stderr,
             flush=True,
         )
-        status = run_app(make_app([LiveFeed(children.url)], args), headless=is_headless(args))
-    print(
-        f"trackside demo: stopped the agent{' and the recorder' if db else ''}" + (f"; recorded to {db}" if db else ""),
-        file=sys.stderr,
-    )
+        app = make_app(live_feeds([children.url], recorder), args, token=children.token, database=recorder)
+        status = run_app(app, headless=is_headless(args))
+    print("trackside demo: stopped the agent" + (f"; recorded to {db}" if db else ""), file=sys.stderr)
     return status
-
-
-def _check_writable(db: Path) -> None:
-    """Refuse a store another process writes (the recorder would fail at once) or that is not a store."""
-    db.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        connect(db).close()
-    except StoreError as exc:
-        raise UsageError(f"cannot record to {db}: {exc} (use --db PATH or --no-record)") from None
 
 
 COMMANDS = {"console": cmd_console, "demo": cmd_demo}

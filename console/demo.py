@@ -1,14 +1,13 @@
-"""``trackside demo``'s child processes: a simulated agent on loopback and a recorder writing its events to DuckDB.
+"""``trackside demo``'s child process: a simulated agent on loopback.
 
 The console imports no engine (an import-linter contract), so the demo runs the agent as a child,
-``python -m agent.cli agent ... --listen 127.0.0.1:0`` (the port the system picks), and reads the URL the agent
-prints from its log. The recorder is a second child, ``python -m agent.cli record URL --db PATH`` (DuckDB lets one
-process write a file; in a later slice the console itself records what it shows and this child goes away). Both
-children log to files next to the database, run in their own session (a terminal's Ctrl+C reaches only the
-console, which stops them in order), and on Linux are also told to stop when the console process dies.
+``python -m agent.cli agent ... --listen 127.0.0.1:0 --token-file <temp>`` (the port the system picks), and reads
+the URL the agent prints from its log. The console itself records what it receives (:mod:`console.recorder`), so
+no recorder child is needed. The agent logs to ``demo-agent.log``, runs in its own session (a terminal's Ctrl+C
+reaches only the console, which stops it), and on Linux is also told to stop when the console process dies.
 
-Stopping: SIGTERM to the agent (it stops its node and drains its subscribers), then to the recorder (it flushes
-and closes the store); whichever has not exited after ``stop_timeout_s`` is killed.
+Stopping: SIGTERM to the agent (it stops its node and drains its subscribers); killed if it has not exited after
+``stop_timeout_s``.
 """
 
 from __future__ import annotations
@@ -82,13 +81,11 @@ class AgentOptions:
 
 @dataclass(frozen=True, slots=True)
 class DemoChildren:
-    """The running children: the agent (its URL and control token) and the recorder, if any."""
+    """The running child: the agent, its URL and its control token."""
 
     agent: subprocess.Popen[bytes]
     url: str
     token: str
-    recorder: subprocess.Popen[bytes] | None
-    db: Path | None
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -141,12 +138,11 @@ def stop(proc: subprocess.Popen[bytes] | None, timeout_s: float) -> int | None:
 def demo_children(
     options: AgentOptions,
     *,
-    db: Path | None,
     logs: Path,
     start_timeout_s: float = 60.0,
     stop_timeout_s: float = 10.0,
 ) -> Iterator[DemoChildren]:
-    """Start the agent (and the recorder when ``db`` is set), yield them, stop them whatever happens."""
+    """Start the agent, yield it, stop it whatever happens."""
     logs.mkdir(parents=True, exist_ok=True)
     secrets_dir = Path(tempfile.mkdtemp(prefix="trackside-demo-"))
     token = secrets.token_urlsafe(24)
@@ -154,18 +150,12 @@ def demo_children(
     token_file.write_text(token)
     token_file.chmod(0o600)
     agent: subprocess.Popen[bytes] | None = None
-    recorder: subprocess.Popen[bytes] | None = None
     agent_log = logs / "demo-agent.log"
     try:
         with agent_log.open("wb") as log:
             agent = _spawn(options.argv("127.0.0.1:0", token_file), log)
         url = wait_for_url(agent, agent_log, start_timeout_s)
-        if db is not None:
-            db.parent.mkdir(parents=True, exist_ok=True)
-            with (logs / "demo-record.log").open("wb") as log:
-                recorder = _spawn([sys.executable, "-m", "agent.cli", "record", url, "--db", str(db)], log)
-        yield DemoChildren(agent, url, token, recorder, db)
+        yield DemoChildren(agent, url, token)
     finally:
         stop(agent, stop_timeout_s)
-        stop(recorder, stop_timeout_s)
         shutil.rmtree(secrets_dir, ignore_errors=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
-from agent.client import AgentError, Delays, backoff, stream_batches
+from agent.client import AgentError, Delays, ResumeFrom, backoff, stream_batches
 from agent.protocol import Event, NodeHello
 from console.model import Connection
 from store.replay import areplay
@@ -61,8 +61,19 @@ class Feed(Protocol):
 class LiveFeed:
     """One agent's event stream, across reconnects."""
 
-    def __init__(self, uri: str, *, delays: Delays = backoff, open_timeout_s: float = 10.0, max_frames: int = 256):
+    def __init__(
+        self,
+        uri: str,
+        *,
+        delays: Delays = backoff,
+        open_timeout_s: float = 10.0,
+        max_frames: int = 256,
+        resume: ResumeFrom = None,
+    ):
         self.uri = uri
+        self.resume = resume
+        """Where the stream starts (``stream_batches``' ``resume_after_seq``): None, live only; a recording console
+        asks its store for the last position of the hello's run (``ConsoleRecorder.resume_from``)."""
         self._delays = delays
         self._open_timeout_s = open_timeout_s
         self._max_frames = max_frames
@@ -89,7 +100,9 @@ class LiveFeed:
         uri = self.uri
         stream = cast(  # an async generator (annotated as an iterator): closed explicitly below
             AsyncGenerator[Sequence[Event], None],
-            stream_batches(uri, delays=self._retrying(queue), open_timeout_s=self._open_timeout_s),
+            stream_batches(
+                uri, resume_after_seq=self.resume, delays=self._retrying(queue), open_timeout_s=self._open_timeout_s
+            ),
         )
         try:
             async for events in stream:

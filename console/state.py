@@ -13,7 +13,9 @@ What comes from where:
 * heatmap series (:mod:`console.metrics`): KV use, batch size and available capacity from steps and from the
   dispatcher's ``unit_load`` snapshots; step time from steps; queued prefill tokens and PAB from ``unit_load``;
 * flow (rates, goodput, SLO attainment, TTFT/TPOT): output tokens are steps' decode tokens plus first tokens;
-  requests from ``request_finished`` (and ``request_refused``, which count against attainment).
+  requests from ``request_finished`` (and ``request_refused``, which count against attainment);
+* recent steps per unit (:mod:`console.steps`), slack samples and requests' progress (:mod:`console.slack`),
+  stage changes, arrivals' lengths and migrations (:mod:`console.stages`): the Steps, Slack and Stages screens.
 
 Queries (summaries, trends, heatmap grids, cursor cells) are in :mod:`console.queries`, over this model.
 """
@@ -29,9 +31,12 @@ from agent.protocol import (
     ControlAudit,
     Event,
     NodeHello,
+    RequestArrived,
     RequestFinished,
     RequestFirstToken,
+    RequestMigrated,
     RequestRefused,
+    SlackSample,
     StageBoundaries,
     StepEvent,
     UnitLoadEvent,
@@ -49,6 +54,9 @@ from console.model import (
 )
 from console.render import bucket_index
 from console.series import BucketRing, FlowBucket, HeatBucket
+from console.slack import SlackBook
+from console.stages import StageBook
+from console.steps import StepLog
 
 _KV: Final = METRIC_INDEX[HeatMetric.KV]
 _BATCH: Final = METRIC_INDEX[HeatMetric.BATCH]
@@ -69,6 +77,7 @@ class ConsoleState:
         window_s: float = 30.0,
         max_alerts: int = 200,
         max_markers: int = 1000,
+        max_steps: int = 256,
     ) -> None:
         if not (bucket_s > 0 and window_s > 0 and history_buckets >= 2):
             raise ValueError("bucket_s and window_s must be positive, history_buckets at least 2")
@@ -94,6 +103,12 @@ class ConsoleState:
         self.num_events = 0
         self.version = 0
         """Bumped by every change (views skip work when it has not moved)."""
+        self.steps = StepLog(max_steps)
+        """The latest ``max_steps`` steps of every unit (the Steps screen)."""
+        self.slack = SlackBook()
+        """Latest slack samples and recent requests' progress (the Slack screen)."""
+        self.stages = StageBook(history_buckets=history_buckets)
+        """Stage changes, recent lengths and migrations per node (the Stages screen)."""
         self._handlers: dict[type, Callable[[Any, NodeInfo], None]] = {
             StepEvent: self._on_step,
             UnitLoadEvent: self._on_load,
@@ -103,6 +118,9 @@ class ConsoleState:
             Alert: self._on_alert,
             ControlAudit: self._on_audit,
             StageBoundaries: self._on_stages,
+            RequestArrived: self._on_arrived,
+            SlackSample: self._on_slack,
+            RequestMigrated: self._on_migrated,
         }
 
     # -- input -------------------------------------------------------------------------------------------------
@@ -244,6 +262,7 @@ class ConsoleState:
         unit.num_blocks = event.num_blocks
         if event.policy:
             unit.batch_policy = event.policy
+        self.steps.add(node.node_id, event)
         heat = unit.heat.at(index)
         self._occupancy(unit, heat, event.kv_used_blocks, event.num_blocks, event.num_running)
         if heat is not None:
@@ -303,6 +322,7 @@ class ConsoleState:
             flow.out_tokens += 1
 
     def _on_finished(self, event: RequestFinished, node: NodeInfo) -> None:
+        self.slack.on_finished(event, node.node_id)
         for flow in self._flows(node, event.unit_id, event.time_ns):
             flow.finished += 1
             flow.met += event.met_slo
@@ -319,6 +339,18 @@ class ConsoleState:
 
     def _on_stages(self, event: StageBoundaries, node: NodeInfo) -> None:
         node.stages = event
+        self.stages.on_stages(event, node.node_id)
+
+    def _on_arrived(self, event: RequestArrived, node: NodeInfo) -> None:
+        self.slack.on_arrived(event, node.node_id)
+        self.stages.on_arrived(event, node.node_id)
+
+    def _on_slack(self, event: SlackSample, node: NodeInfo) -> None:
+        self._unit(node, event.unit_id)
+        self.slack.on_sample(event, node.node_id)
+
+    def _on_migrated(self, event: RequestMigrated, node: NodeInfo) -> None:
+        self.stages.on_migrated(event, event.time_ns // self.bucket_ns, node.node_id)
 
     def _on_audit(self, event: ControlAudit, node: NodeInfo) -> None:
         self.audits.append(event)

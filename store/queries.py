@@ -204,19 +204,25 @@ def sql(db: Db, text: str) -> SqlResult:
     con, owned = _open(db)
     try:
         try:
-            statements = con.extract_statements(text)
-            if len(statements) != 1:
-                raise StoreQueryError(f"expected one SQL statement, got {len(statements)}")
-            kind = statements[0].type
-            if kind not in READ_ONLY_STATEMENTS:
-                raise StoreQueryError(f"only read-only queries (SELECT, EXPLAIN) are allowed, not {kind.name}")
+            check_read_only(con, text)
             cur = con.execute(text)
             return SqlResult(tuple(d[0] for d in cur.description or ()), cur.fetchall())
         except duckdb.Error as exc:
-            raise StoreQueryError(_one_line(exc)) from None
+            raise StoreQueryError(one_line(exc)) from None
     finally:
         if owned:
             con.close()
+
+
+def check_read_only(con: duckdb.DuckDBPyConnection, text: str) -> None:
+    """Raise :class:`StoreQueryError` unless ``text`` is exactly one read-only statement (SELECT, EXPLAIN); a
+    statement DuckDB cannot parse raises ``duckdb.Error``."""
+    statements = con.extract_statements(text)
+    if len(statements) != 1:
+        raise StoreQueryError(f"expected one SQL statement, got {len(statements)}")
+    kind = statements[0].type
+    if kind not in READ_ONLY_STATEMENTS:
+        raise StoreQueryError(f"only read-only queries (SELECT, EXPLAIN) are allowed, not {kind.name}")
 
 
 def export_parquet(db: Db, directory: str | Path) -> list[Path]:
@@ -235,7 +241,7 @@ def export_parquet(db: Db, directory: str | Path) -> list[Path]:
             try:
                 con.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
             except duckdb.Error as exc:
-                raise StoreError(f"cannot export {table} to {path}: {_one_line(exc)}") from None
+                raise StoreError(f"cannot export {table} to {path}: {one_line(exc)}") from None
             paths.append(path)
     finally:
         if owned:
@@ -243,7 +249,8 @@ def export_parquet(db: Db, directory: str | Path) -> list[Path]:
     return paths
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """DuckDB's error in one line (its first, and where the parser stopped)."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     head = lines[0] if lines else type(exc).__name__
     for line in lines[1:]:  # "LINE 1: selec 1": where the parser stopped

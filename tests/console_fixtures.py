@@ -69,3 +69,34 @@ def build_store(path: Path) -> Path:
         writer.write(node_b_events())
         writer.flush()
     return path
+
+
+# -- a staged node, for the Steps, Slack and Stages screens -------------------------------------------------------
+STAGED_WORKLOAD = "poisson:n=400,rate=50,prompt=lognormal(mu=6,sigma=1.5)"
+"""Short and long prompts mixed (median about 400 tokens, a long tail), so CascadeInfer cuts stages and migrates."""
+
+
+def node_c_events() -> list[Event]:
+    """node-c: 4 units of FairBatching (its reasons count urgent decodes) behind CascadeInfer, slack samples every
+    250 ms: stage boundaries, migrations and slack samples, 8 s in all."""
+    config = BenchConfig(
+        units=4,
+        batch_policy="fairbatching",
+        dispatch="cascade",
+        params={"min_partition_samples": "8", "repartition_interval_s": "0.5"},
+    )
+    node = make_node(config, parse_workload(STAGED_WORKLOAD, seed=1))
+    hub = Hub(node, node_id="node-c", profile=config.profile, token=TOKEN, replay_capacity=1 << 20, slack_sample_ms=250)
+    hub.attach()
+    hello = hub.hello()
+    hub.node.advance(RUN_S)
+    return [hello, *hub.replay.since(0).events]
+
+
+def build_staged_store(path: Path) -> Path:
+    """A store with node-b (PAB dispatch: no stages, no slack samples) and node-c (staged, sampled)."""
+    with StoreWriter(path) as writer:
+        writer.write(node_b_events())
+        writer.write(node_c_events())
+        writer.flush()
+    return path

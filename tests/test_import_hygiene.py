@@ -56,7 +56,11 @@ def test_serve_commands_load_the_store_only_when_recording() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["console.state", "console.queries", "console.fleet", "console.render", "console.metrics"]
+    "module",
+    [
+        "console.state", "console.queries", "console.fleet", "console.render", "console.metrics", "console.steps",
+        "console.slack", "console.stages", "console.policy_view",
+    ],
 )
 def test_console_state_model_is_plain(module: str) -> None:
     """The state model and its pure functions load no UI, no sockets, no database and no engine."""
@@ -66,7 +70,9 @@ def test_console_state_model_is_plain(module: str) -> None:
     assert not heavy | engine, heavy | engine
 
 
-@pytest.mark.parametrize("module", ["console.cli", "console.app", "console.feeds", "console.demo"])
+@pytest.mark.parametrize(
+    "module", ["console.cli", "console.app", "console.feeds", "console.demo", "console.control", "console.recorder"]
+)
 def test_console_runs_the_agent_as_a_child_and_imports_no_engine(module: str) -> None:
     forbidden = ("agent.engine", "agent.node", "agent.wire", "agent.hub", "agent.server", "agent.cli", "agent.bench",
                  "agent.workload", "vllm", "torch")

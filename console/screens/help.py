@@ -57,7 +57,7 @@ class HelpScreen(ModalScreen[None]):
             yield Static("Keys (remap by id; ctrl+p opens the command palette)", classes="pane-title")
             with VerticalScroll(id="help-scroll"):
                 yield Static(help_text(self.keys), id="help-keys")
-            mode = "read-only: control actions are refused" if self.read_only else "control: coming in a later slice"
+            mode = "read-only: control actions are refused" if self.read_only else "control: Policies screen (key 6)"
             yield Static(f"escape closes · {mode}", id="help-footer")
 
     def on_mount(self) -> None:

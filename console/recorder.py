@@ -1,0 +1,183 @@
+"""The console records what it shows (issue #6, item 9): the events of its live feeds go into its own DuckDB file.
+
+:class:`ConsoleRecorder` owns a :class:`store.writer.StoreWriter` and a thread that writes to it: the feed
+workers hand every frame's events to :meth:`ConsoleRecorder.record` (a queue put; the UI never waits for the
+database), the thread writes them in batches and commits at least every ``flush_s`` seconds, and
+:meth:`ConsoleRecorder.close` writes the rest and commits before the file is closed. What is stored is what the
+state model is given: each connection's hello and the stream's events (``seq`` > 0); per-subscriber notices
+(flow control, gaps) are shown, not stored, as ``trackside record`` does. Events the agent dropped for a console
+that fell behind are not fetched again (the console shows the present); ``trackside record`` does fetch them.
+
+Resume: a live feed asks :meth:`ConsoleRecorder.resume_from` at its first hello, which is the store's last
+committed position in that run of the node (``StoreWriter.last_seq``; 0 for a run the file has not seen: the
+agent then sends everything it still buffers). A console restarted on the same file so continues where the last
+one stopped, without duplicates and, while the agent's replay buffer reaches back that far, without a gap.
+
+DuckDB lets one process open a file for writing and then no other process may open it; in this process, the SQL
+screen's queries run on a cursor of the writer's connection (:meth:`query_connection`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+import duckdb
+
+from agent.protocol import Event, NodeHello
+from console.feeds import Feed, FeedUpdate
+from store.schema import StoreError
+from store.writer import StoreWriter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BACKLOG = 1_000_000
+"""Events queued for the writer at most; beyond, frames are dropped (and counted) rather than the memory grown."""
+
+
+class RecordError(Exception):
+    """The console cannot record to the file it was given (locked by another process, not a store, ...)."""
+
+
+class ConsoleRecorder:
+    """Writes the events the console receives to ``path`` in a thread of its own; also the SQL screen's database."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        flush_s: float = 1.0,
+        max_backlog: int = DEFAULT_MAX_BACKLOG,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if flush_s <= 0:
+            raise ValueError("flush_s must be positive")
+        self.path = Path(path)
+        self.flush_s = flush_s
+        self.max_backlog = max_backlog
+        self._clock = clock
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = StoreWriter(self.path)
+        except (StoreError, OSError) as exc:
+            raise RecordError(f"cannot record to {self.path}: {exc}") from None
+        self._query_con = self._writer.cursor()
+        self._lock = threading.Lock()
+        """Held around every writer call (the writer is not thread-safe; resume positions are read from the loop)."""
+        self._queue: queue.SimpleQueue[Sequence[Event] | None] = queue.SimpleQueue()
+        self._count_lock = threading.Lock()
+        self._backlog = 0
+        self.num_written = 0
+        """Events handed to the writer (committed at the next flush)."""
+        self.num_dropped = 0
+        """Events dropped because the writer fell :attr:`max_backlog` behind."""
+        self.num_flushes = 0
+        self.error = ""
+        """The last write or commit error ("" while none)."""
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"recorder {self.path.name}", daemon=True)
+        self._thread.start()
+
+    # -- the loop's side ------------------------------------------------------------------------------------------
+    def record(self, events: Sequence[Event]) -> None:
+        """Queue a frame's events for the writer (hellos and stream events; notices are left out). Never blocks."""
+        stored = [e for e in events if e.seq or isinstance(e, NodeHello)]
+        if not stored or self._closed:
+            return
+        with self._count_lock:
+            if self._backlog + len(stored) > self.max_backlog:
+                self.num_dropped += len(stored)
+                return
+            self._backlog += len(stored)
+        self._queue.put(stored)
+
+    def resume_from(self, hello: NodeHello) -> int:
+        """Where a live feed starts in the run ``hello`` announces: after the last committed ``seq`` (0: none)."""
+        with self._lock:
+            return self._writer.last_seq(hello.node_id, hello.boot_ns)
+
+    @property
+    def description(self) -> str:
+        return f"recording to {self.path}"
+
+    def query_connection(self) -> duckdb.DuckDBPyConnection:
+        """A cursor of the writer's connection for the SQL screen (committed rows; one query at a time)."""
+        return self._query_con
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is queued, commit, close the file (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+        with self._lock:
+            try:
+                self._writer.close()
+            except StoreError as exc:
+                self.error = str(exc)
+                log.error("recorder: %s", exc)
+            self._query_con.close()
+
+    def __enter__(self) -> ConsoleRecorder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the writer thread ----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        last_flush = self._clock()
+        done = False
+        while not done:
+            batch: list[Event] = []
+            try:
+                item = self._queue.get(timeout=self.flush_s / 4)
+                while True:
+                    if item is None:
+                        done = True
+                        break
+                    batch.extend(item)
+                    item = self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            if batch:
+                self._call(self._writer.write, batch)
+                self.num_written += len(batch)
+                with self._count_lock:  # only now: a batch being written still counts as behind
+                    self._backlog -= len(batch)
+            if done or self._clock() - last_flush >= self.flush_s:
+                self._call(self._writer.flush)
+                self.num_flushes += 1
+                last_flush = self._clock()
+
+    def _call(self, method: Callable[..., None], *args: object) -> None:
+        with self._lock:
+            try:
+                method(*args)
+            except (StoreError, TypeError) as exc:  # the pending events are dropped; later ones are still written
+                self.error = str(exc)
+                log.error("recorder: %s", exc)
+
+
+class RecordingFeed:
+    """A feed whose events are also handed to a :class:`ConsoleRecorder` (the updates pass through unchanged)."""
+
+    def __init__(self, feed: Feed, recorder: ConsoleRecorder) -> None:
+        self.feed = feed
+        self.recorder = recorder
+
+    @property
+    def source(self) -> str:
+        return self.feed.source
+
+    async def updates(self) -> AsyncIterator[FeedUpdate]:
+        record = self.recorder.record
+        async for update in self.feed.updates():
+            if update.events:
+                record(update.events)
+            yield update
