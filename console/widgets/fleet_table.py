@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from console.fleet import COLUMNS, FleetRow
 
@@ -46,7 +48,9 @@ class FleetTable(DataTable[Text]):
                     continue
                 for (column, _), before, after in zip(COLUMNS, old.cells, new.cells, strict=True):
                     if before != after or (column == "state" and old.tone != new.tone):
-                        self.update_cell(new.key, column, self._cell(new, column, after), update_width=True)
+                        # Re-measuring a column walks all its cells: only when the new text is wider.
+                        grows = cell_len(after) > self.columns[ColumnKey(column)].content_width
+                        self.update_cell(new.key, column, self._cell(new, column, after), update_width=grows)
         self.rows_shown = tuple(rows)
 
     @property

@@ -106,6 +106,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--screen", choices=("overview", "heatmap"), default="overview")
+    parser.add_argument(
+        "--speed", type=float, default=0.5,
+        help="the agent's node seconds per real second (0.5: about 50 steps/s per unit on this workload)",
+    )
     args = parser.parse_args()
     rate = args.rate or 3.0 * args.units
     port = free_port()
@@ -114,6 +118,7 @@ def main() -> None:
         cmd = [
             sys.executable, "-m", "agent.cli", "agent", "--units", str(args.units), "--listen", f"127.0.0.1:{port}",
             "--workload", f"poisson:rate={rate:g},n={int(rate * 600)}", "--node-id", "bench",
+            "--speed", str(args.speed),
         ]
         agent = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -121,12 +126,17 @@ def main() -> None:
             r = asyncio.run(measure(f"ws://127.0.0.1:{port}", args.screen, args.warmup, args.seconds, agent.pid))
         finally:
             agent.terminate()
-            agent.wait(10)
+            try:
+                agent.wait(10)
+            except subprocess.TimeoutExpired:  # an agent behind the wall clock may not see SIGTERM soon
+                agent.kill()
+                agent.wait()
             log.close()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}; screen {args.screen}, {args.units} units, {rate:g} req/s"
+        f"Python {platform.python_version()}; screen {args.screen}, {args.units} units, {rate:g} req/s of node time, "
+        f"agent speed {args.speed:g}"
     )
     print(
         f"  received {r['steps_per_s']:,.0f} steps/s ({r['steps_per_s'] / args.units:.1f} per unit), "
