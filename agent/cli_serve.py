@@ -25,7 +25,7 @@ import msgspec
 from websockets.exceptions import WebSocketException
 
 from agent.bench import TOPOLOGIES, BenchConfig, build_node, split_params
-from agent.client import AgentError, open_session, stream_batches
+from agent.client import AgentError, TokenFileError, open_session, read_token, stream_batches
 from agent.engine.profiles import load_profile
 from agent.hub import Hub
 from agent.node import Node
@@ -129,18 +129,6 @@ def add_serve_commands(sub: Any) -> None:
 
 
 # -- agent --------------------------------------------------------------------------------------------------
-def read_token(path: Path | None) -> str:
-    if path is None:
-        return ""
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise ServeError(f"cannot read token file {path}: {exc.strerror}") from None
-    if not token:
-        raise ServeError(f"token file {path} is empty")
-    return token
-
-
 def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
@@ -415,7 +403,7 @@ def _prune(writer: EventWriter, retention_s: float) -> None:
 SERVE_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "agent": cmd_agent, "ctl": cmd_ctl, "record": cmd_record,
 }
-HANDLED_ERRORS: tuple[type[Exception], ...] = (ServeError, AgentError)
+HANDLED_ERRORS: tuple[type[Exception], ...] = (ServeError, AgentError, TokenFileError)
 """Errors the ``trackside`` main prints as one line with exit status 2 (besides its own)."""
 
 

@@ -23,6 +23,7 @@ import random
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import msgspec
@@ -67,6 +68,23 @@ def backoff(
     while True:
         yield delay * (1.0 + jitter * rng())
         delay = min(delay * factor, max_s)
+
+
+class TokenFileError(Exception):
+    """A control token file that cannot be read, or is empty."""
+
+
+def read_token(path: Path | None) -> str:
+    """The control token in ``path`` ("" without a file: control disabled, or not sent)."""
+    if path is None:
+        return ""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise TokenFileError(f"cannot read token file {path}: {exc.strerror}") from None
+    if not token:
+        raise TokenFileError(f"token file {path} is empty")
+    return token
 
 
 class AgentError(Exception):

@@ -171,12 +171,11 @@ class Hub:
         dispatcher = self.node.dispatcher
         reasons = decision.reasons
         cut = reasons.get("boundaries")
-        if cut is not None and cut != self._last_boundaries:
+        layout = dispatcher.stage_layout() if cut is not None and cut != self._last_boundaries else None
+        if layout is not None:
             self._last_boundaries = cut
-            bounds = tuple(int(b) for b in str(cut).split(",") if b)
-            units = tuple(tuple(g) for g in getattr(dispatcher, "stage_units", ()))
             self.publish(StageBoundaries(node_id=self.node_id, time_ns=now_ns, policy=dispatcher.name,
-                                         boundaries_tokens=bounds[1:-1], stage_unit_ids=units,
+                                         boundaries_tokens=layout[0], stage_unit_ids=layout[1],
                                          reason="repartition" if reasons.get("repartitioned") else "refinement"))
         resets = reasons.get("watchdog_resets")
         if isinstance(resets, int) and resets > self._watchdog_resets:

@@ -432,8 +432,9 @@ class Node:
             self.num_finished += 1
             if self.on_finish is not None:
                 self.on_finish(outcome)
-        for rid in [rid for rid, t in self.transfers.items() if t.switch_due and t.source_index == index]:
-            self._switch(self.transfers[rid])
+        if self.transfers:
+            for rid in [rid for rid, t in self.transfers.items() if t.switch_due and t.source_index == index]:
+                self._switch(self.transfers[rid])
         if result.handoffs:
             self._hand_off(index, result.handoffs)
         if unit.has_work():

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from agent.client import TokenFileError, read_token
 from console.app import ConsoleApp
 from console.demo import AgentOptions, DemoError, data_dir, demo_children
 from console.feeds import Feed, LiveFeed, ReplayFeed
@@ -162,19 +163,6 @@ def check_store(path: Path) -> Path:
     return path
 
 
-def read_token(path: Path | None) -> str:
-    """The control token in ``path`` ("" without a file)."""
-    if path is None:
-        return ""
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read token file {path}: {exc.strerror}") from None
-    if not token:
-        raise UsageError(f"token file {path} is empty")
-    return token
-
-
 def parse_keymap(items: Sequence[str]) -> dict[str, str]:
     """``--key ID=KEY`` options as a keymap for ``App.set_keymap``."""
     keymap = {}
@@ -307,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, DemoError) as exc:
+    except (UsageError, DemoError, TokenFileError) as exc:
         print(f"trackside {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

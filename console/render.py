@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Final, TypeVar
+
+T = TypeVar("T")
 
 SPARK_GLYPHS: Final = "▁▂▃▄▅▆▇█"
 """Sparkline bars, lowest to highest."""
@@ -55,6 +57,13 @@ def window_buckets(now_ns: int, window_ns: int, bucket_ns: int) -> range:
 
 
 # -- colour scales ---------------------------------------------------------------------------------------------
+def cycled(items: Sequence[T], current: T | None, step: int) -> T:
+    """The item ``step`` places after ``current`` in ``items`` (wrapping); the first when ``current`` is not
+    among them. ``items`` must not be empty."""
+    at = items.index(current) if current in items else -step
+    return items[(at + step) % len(items)]
+
+
 def nice_ceiling(value: float) -> float:
     """The smallest of 1, 2, 2.5, 5 times a power of ten that is at least ``value`` (1.0 for zero or less): a
     legend's top that reads well."""

@@ -102,6 +102,11 @@ class DispatchPolicy(_Configurable, abc.ABC):
     ) -> DispatchDecision:
         """Which pending requests go to which unit now (and, for rebalancing policies, what moves)."""
 
+    def stage_layout(self) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]] | None:
+        """A length-staged dispatcher's stages: the interior cuts in tokens and each stage's unit ids (one more
+        stage than cuts); None for a dispatcher without stages (the default)."""
+        return None
+
     def place_decode(
         self, handoffs: Sequence[HandoffRequest], units: Sequence[UnitLoad], now_s: float
     ) -> tuple[tuple[str, int], ...]:

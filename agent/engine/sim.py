@@ -171,6 +171,8 @@ class SimUnit:
         self._inflight_meta: tuple[float, float, float, StepPlan, int, int, int, int, int, int] | None = None
         self._preempted_now: list[str] = []
         self.queued_prefill_tokens = 0
+        self.num_migrating = 0
+        """Resident requests marked as being transferred (``UnitLoad.migrations_inflight``)."""
         self.last_step_s: float | None = None
         self._step_time_sum = 0.0
         self.num_steps = 0
@@ -251,7 +253,7 @@ class SimUnit:
             inflight_tokens=self._inflight_tokens,
             chunk_tokens=self.max_num_batched_tokens,
             block_size=self.block_size,
-            migrations_inflight=sum(1 for r in self.requests.values() if r.migrating),
+            migrations_inflight=self.num_migrating,
             requests=resident,
         )
 
@@ -264,13 +266,18 @@ class SimUnit:
         return req is not None and self._inflight is not None and any(r is req for r, _ in self._inflight)
 
     def set_migrating(self, request_id: str, migrating: bool) -> None:
-        self.requests[request_id].migrating = migrating
+        req = self.requests[request_id]
+        if req.migrating != migrating:
+            self.num_migrating += 1 if migrating else -1
+            req.migrating = migrating
 
     def detach(self, request_id: str) -> Migrant:
         """Take a resident request off the unit, freeing its blocks (its KV leaves with the migrant)."""
         if self.stepping(request_id):
             raise RuntimeError(f"unit {self.unit_id}: {request_id} is in the step in flight")
         req = self.requests.pop(request_id)
+        if req.migrating:
+            self.num_migrating -= 1
         self.queued_prefill_tokens -= _outstanding_prefill(req)
         self.free_blocks += req.blocks
         req.blocks = 0
@@ -315,6 +322,7 @@ class SimUnit:
         self.running.clear()
         self.waiting.clear()
         self.requests.clear()
+        self.num_migrating = 0
         self.free_blocks = self.num_blocks
         self.queued_prefill_tokens = 0
         self._inflight = None
@@ -480,6 +488,8 @@ class SimUnit:
             req.blocks = 0
             self.running.remove(req)
             del self.requests[s.request_id]
+            if req.migrating:  # finished on its source while its KV was being copied
+                self.num_migrating -= 1
             assert req.first_token_s is not None
             finished.append(
                 RequestOutcome(

@@ -13,7 +13,7 @@ from textual.containers import Horizontal
 from textual.widgets import Footer, Header, Static
 
 from console.metrics import HeatMetric
-from console.render import fmt_age
+from console.render import cycled, fmt_age
 from console.screens.base import StateScreen
 from console.slack import SlackSummary, envelope, slack_summary
 from console.state import ConsoleState
@@ -161,8 +161,7 @@ class SlackScreen(StateScreen):
         """Show the unit ``step`` places on (wrapping)."""
         units = self._units()
         if units:
-            at = units.index(self.unit) if self.unit in units else -step
-            self.unit, self.request = units[(at + step) % len(units)], None
+            self.unit, self.request = cycled(units, self.unit, step), None
             self.redraw()
 
     def action_move(self, delta: int) -> None:

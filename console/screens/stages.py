@@ -13,7 +13,7 @@ from textual.containers import Horizontal
 from textual.widgets import Footer, Header, Static
 
 from console.model import NodeInfo
-from console.render import fmt_age
+from console.render import cycled, fmt_age
 from console.screens.base import StateScreen
 from console.stages import migration_rates, migration_trend, stage_loads, stage_range
 from console.state import ConsoleState
@@ -117,9 +117,7 @@ class StagesScreen(StateScreen):
         """Show the node ``step`` places on (wrapping)."""
         if self._state is None or not self._state.nodes:
             return
-        nodes = list(self._state.nodes)
-        at = nodes.index(self.node_id) if self.node_id in nodes else -step
-        self.node_id = nodes[(at + step) % len(nodes)]
+        self.node_id = cycled(list(self._state.nodes), self.node_id, step)
         self.redraw()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Static
 
 from agent.protocol import StepEvent
-from console.render import fmt_pct
+from console.render import cycled, fmt_pct
 from console.screens.base import StateScreen
 from console.state import ConsoleState
 from console.steps import MODE_GLYPHS, move_cursor, step_index, step_stats
@@ -133,8 +133,7 @@ class StepsScreen(StateScreen):
         units = self._units()
         if not units:
             return
-        at = units.index(self.unit) if self.unit in units else -step
-        self.unit, self.cursor_ns = units[(at + step) % len(units)], None
+        self.unit, self.cursor_ns = cycled(units, self.unit, step), None
         self.redraw()
 
     def action_move(self, delta: int) -> None:

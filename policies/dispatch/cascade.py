@@ -244,6 +244,11 @@ class CascadeInfer(DispatchPolicy):
         first call)."""
         return tuple(self._stages.int_bounds())
 
+    def stage_layout(self) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]] | None:
+        """The interior cuts and each stage's units (None before the first partition)."""
+        bounds = self.stage_boundaries
+        return (bounds[1:-1], self.stage_units) if bounds else None
+
     @property
     def stage_units(self) -> tuple[tuple[int, ...], ...]:
         """Unit ids of each stage, in stage order."""
