@@ -6,7 +6,8 @@ changed (so screens redraw at most ``1 / refresh_s`` times a second, however fas
 compute what they draw with the pure queries and pass it down to their widgets.
 
 Time: in live mode the app ticks the state with its injected ``clock`` (wall-clock ns) at every refresh, so
-rates fall to zero when a node goes quiet; a replay uses the events' own time only.
+rates fall to zero when a node goes quiet; a replay ticks it to its cursor's position (:class:`Playback`), which the
+``replay_*`` keys move (:mod:`console.replay_keys`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
 
-from textual.app import App, SystemCommand
+from textual.app import App, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
 
-from console.feeds import Feed
+from console.feeds import Feed, ReplayFeed
 from console.metrics import METRIC_SPECS
 from console.model import Connection
+from console.playback import Playback, Where, describe
+from console.replay_keys import REPLAY_BINDINGS, replay_commands
 from console.screens.base import StateScreen
 from console.screens.heatmap import HeatmapScreen
 from console.screens.help import HelpScreen, key_help
@@ -37,12 +40,16 @@ from console.screens.stages import StagesScreen
 from console.screens.steps import StepsScreen
 from console.sql import Database
 from console.state import ConsoleState
+from console.themes import THEMES
 
 Clock = Callable[[], int]
 """Wall-clock nanoseconds (``time.time_ns``), injectable for tests."""
 
 FEED_CLOSE_TIMEOUT_S = 2.0
 """How long an exiting console waits for its feeds to close their connections."""
+SCREEN_KEYS = Binding.Group("screens", compact=True)
+"""The seven screen keys share one footer entry (``1234567 screens``; the current one dimmed), so the footer fits
+80 columns; the help screen and the command palette still name each screen."""
 MODE_TITLES: dict[str, str] = {
     "overview": "Overview",
     "heatmap": "Heatmap",
@@ -75,6 +82,7 @@ class ConsoleApp(App[int]):
             "show_mode('overview')",
             "Overview",
             id="console.overview",
+            group=SCREEN_KEYS,
             tooltip="Nodes and units: state, policy, throughput, goodput, SLO attainment, TTFT/TPOT, alerts",
         ),
         Binding(
@@ -82,6 +90,7 @@ class ConsoleApp(App[int]):
             "show_mode('heatmap')",
             "Heatmap",
             id="console.heatmap",
+            group=SCREEN_KEYS,
             tooltip="One metric of every unit over time, with a cursor and policy-change markers",
         ),
         Binding(
@@ -89,6 +98,7 @@ class ConsoleApp(App[int]):
             "show_mode('steps')",
             "Steps",
             id="console.steps",
+            group=SCREEN_KEYS,
             tooltip="A unit's recent steps: prefill/decode tokens, mode, predicted vs measured time, budget, reasons",
         ),
         Binding(
@@ -96,6 +106,7 @@ class ConsoleApp(App[int]):
             "show_mode('slack')",
             "Slack",
             id="console.slack",
+            group=SCREEN_KEYS,
             tooltip="A unit's slack over its running requests, the nearest to a miss, one request's envelope",
         ),
         Binding(
@@ -103,6 +114,7 @@ class ConsoleApp(App[int]):
             "show_mode('stages')",
             "Stages",
             id="console.stages",
+            group=SCREEN_KEYS,
             tooltip="Length stages of a staged dispatcher: lengths, boundaries over time, stage load, migrations",
         ),
         Binding(
@@ -110,6 +122,7 @@ class ConsoleApp(App[int]):
             "show_mode('policies')",
             "Policies",
             id="console.policies",
+            group=SCREEN_KEYS,
             tooltip="Policies of units and dispatchers: edit with a dry run, pause/drain/resume, the audit log",
         ),
         Binding(
@@ -117,10 +130,12 @@ class ConsoleApp(App[int]):
             "show_mode('sql')",
             "SQL",
             id="console.sql",
+            group=SCREEN_KEYS,
             tooltip="Read-only SQL on the console's DuckDB (the replay or its own recording); export to CSV/Parquet",
         ),
         Binding("question_mark,f1", "help", "Help", id="console.help", tooltip="List the keys of this screen"),
         Binding("q", "quit", "Quit", id="console.quit", tooltip="Leave the console"),
+        *REPLAY_BINDINGS,
     ]
 
     def __init__(
@@ -135,8 +150,14 @@ class ConsoleApp(App[int]):
         keymap: Mapping[str, str] | None = None,
         token: str = "",
         database: Database | None = None,
+        playback: Playback | None = None,
+        theme: str | None = None,
     ) -> None:
         super().__init__()
+        for custom in THEMES:
+            self.register_theme(custom)
+        if theme is not None:
+            self.theme = theme  # an unknown name raises InvalidThemeError (the command line checks it first)
         if refresh_s <= 0:
             raise ValueError("refresh_s must be positive")
         self.feeds = tuple(feeds)
@@ -150,6 +171,8 @@ class ConsoleApp(App[int]):
         self.exit_after_s = exit_after_s
         self.clock = clock
         self.state = state or ConsoleState()
+        self.playback = playback or next((f.playback for f in self.feeds if isinstance(f, ReplayFeed)), None)
+        """The replay cursor (None: live); the ``replay_*`` actions move it."""
         self.num_refreshes = 0
         """Screen updates so far (for the performance check)."""
         if keymap:
@@ -170,6 +193,8 @@ class ConsoleApp(App[int]):
         state = self.state
         try:
             async for update in feed.updates():
+                if update.reset:
+                    state.reset()
                 if update.connection is not None:
                     state.set_connection(update.source, update.connection, update.detail)
                 if update.events:
@@ -193,7 +218,12 @@ class ConsoleApp(App[int]):
         state = self.state
         if self.clock is not None and any(s.connection != Connection.REPLAY for s in state.sources.values()):
             state.tick(self.clock())
-        screen = self.screen
+        elif self.playback is not None and (position := self.playback.position()) is not None:
+            state.tick(position)  # a replay's time is its cursor's: rates fall to zero in a quiet stretch
+        try:
+            screen = self.screen
+        except ScreenStackError:  # the app is closing: its screens are gone before its timers
+            return
         if not isinstance(screen, StateScreen) or not screen.is_mounted:
             return
         if force or screen.shown_version != state.version:
@@ -206,8 +236,11 @@ class ConsoleApp(App[int]):
             self.num_refreshes += 1
 
     def describe_sources(self) -> str:
-        """The header's subtitle: the mode, each source's connection, the node count, read-only."""
+        """The header's subtitle: the mode, the replay cursor, each source's connection, the node count,
+        read-only."""
         parts = [MODE_TITLES.get(self.current_mode, self.current_mode)]
+        if self.playback is not None and (cursor := describe(self.playback)):
+            parts.append(cursor)
         for info in self.state.sources.values():
             parts.append(f"{info.source} {info.connection.value}")
         parts.append(f"{len(self.state.nodes)} node{'s' if len(self.state.nodes) != 1 else ''}")
@@ -228,17 +261,52 @@ class ConsoleApp(App[int]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(key_help(self.screen), read_only=self.read_only))
 
+    # -- the replay cursor (keys: console.replay_keys) ----------------------------------------------------------
+    def action_replay_toggle(self) -> None:
+        """Play the replay from its cursor, or pause it."""
+        if self.playback is not None:
+            self.playback.toggle()
+            self.sub_title = self.describe_sources()
+
+    def action_replay_seek(self, seconds: float) -> None:
+        """Move the replay's cursor ``seconds`` (negative: back; the feed rebuilds the state)."""
+        if self.playback is not None:
+            self.playback.seek(seconds)
+            self.sub_title = self.describe_sources()
+
+    def action_replay_jump(self, where: Where) -> None:
+        """The replay's cursor to the start or the end of the file."""
+        if self.playback is not None:
+            self.playback.jump(where)
+            self.sub_title = self.describe_sources()
+
+    def action_replay_speed(self, factor: float) -> None:
+        """Multiply the replay's speed by ``factor``."""
+        if self.playback is not None:
+            self.playback.change_speed(factor)
+            self.sub_title = self.describe_sources()
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """A mode's key is greyed out on that mode's own screen."""
+        """A mode's key is greyed out on that mode's own screen; the replay's keys are hidden when live."""
         if action == "show_mode" and parameters and parameters[0] == self.current_mode:
             return None
+        if action.startswith("replay_"):
+            return self.playback is not None
         return True
 
     async def on_overview_screen_unit_chosen(self, message: OverviewScreen.UnitChosen) -> None:
-        await self.action_show_mode("heatmap")
+        """The Overview's unit (or a node's first unit) on the heatmap, Steps or Slack screen."""
+        await self.action_show_mode(message.mode)
         screen = self.screen
         if isinstance(screen, HeatmapScreen):
             screen.select_unit(message.node_id, message.unit_id)
+            return
+        node = self.state.nodes.get(message.node_id)
+        unit_id = message.unit_id
+        if unit_id is None and node is not None and node.units:
+            unit_id = min(node.units)
+        if unit_id is not None and isinstance(screen, StepsScreen | SlackScreen):
+            screen.select_unit(message.node_id, unit_id)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """The command palette: the app's own commands, then the console's actions (the same methods as keys)."""
@@ -257,7 +325,9 @@ class ConsoleApp(App[int]):
         )
         yield SystemCommand("SQL", "Query the console's DuckDB (key 7)", partial(self.action_show_mode, "sql"))
         yield SystemCommand("Help", "List the keys of this screen, with their ids (key ?)", self.action_help)
-        if isinstance(screen, PoliciesScreen | SqlScreen):
+        if self.playback is not None:
+            yield from replay_commands(self)
+        if isinstance(screen, OverviewScreen | PoliciesScreen | SqlScreen):
             yield from screen.system_commands()
         if isinstance(screen, HeatmapScreen):
             for metric, spec in METRIC_SPECS.items():

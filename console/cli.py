@@ -6,7 +6,9 @@
   ``--token-file`` (the agents' control token: the Policies screen's actions), ``--read-only`` (no control),
   ``--refresh S`` (the most often screens redraw, default 0.1 s), ``--exit-after S`` (leave by itself: CI, smoke
   runs), ``--headless`` (no terminal output; also when stdout is not a terminal), ``--key ID=KEY`` (remap a binding
-  by its id).
+  by its id), ``--theme NAME`` (``trackside-dark``, ``trackside-light`` or one of Textual's). A replay opens at the
+  file's end, paused, or with ``--speed X`` plays from its start at X times the recorded pace; a recording live
+  console first shows each agent's last ``--history-s`` seconds from its file.
 * ``demo``: starts a simulated agent as a child process (see :mod:`console.demo`) and opens the console on it,
   with the agent's token (control works) and recording into ``--db`` (default ``demo.duckdb`` in the user's data
   folder; ``--no-record`` to skip).
@@ -29,9 +31,11 @@ from agent.client import TokenFileError, read_token
 from console.app import ConsoleApp
 from console.demo import AgentOptions, DemoError, data_dir, demo_children
 from console.feeds import Feed, LiveFeed, ReplayFeed
+from console.playback import MAX_SPEED, MIN_SPEED, Playback
 from console.recorder import ConsoleRecorder, RecordError, RecordingFeed
 from console.sql import Database, ReplayDatabase
-from console.state import ConsoleState
+from console.state import HISTORY_BUCKETS, ConsoleState
+from console.themes import theme_names
 from store.schema import StoreError, connect
 
 EXIT_USAGE = 2
@@ -48,6 +52,16 @@ def _positive(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def _not_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
     return value
 
 
@@ -87,6 +101,23 @@ def _add_view_options(parser: argparse.ArgumentParser) -> None:
         metavar="ID=KEY",
         help="bind KEY to the binding with this id (repeatable; ids are on the help screen)",
     )
+    parser.add_argument(
+        "--theme",
+        choices=theme_names(),
+        metavar="NAME",
+        help="colour theme: trackside-dark, trackside-light or one of Textual's (default textual-dark; "
+        "ctrl+p Theme switches)",
+    )
+
+
+def _add_history_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--history-s",
+        type=_not_negative,
+        metavar="S",
+        help="at each agent's first hello, show its last S seconds recorded in --db first (default: the "
+        "heatmap's span, 240 buckets; 0: none)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"record what the console receives here (live only; default {data_dir() / 'console.duckdb'})",
     )
     con.add_argument("--no-record", action="store_true", help="do not record (the SQL screen then has no database)")
+    con.add_argument(
+        "--speed",
+        type=_positive,
+        metavar="X",
+        help="play the replay from its start at X times the recorded pace (default: open at its end, paused; "
+        "space plays at 1x)",
+    )
+    _add_history_option(con)
     _add_view_options(con)
 
     demo = sub.add_parser(
@@ -135,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--speed", type=_positive, default=1.0, help="node seconds per real second (default 1)")
     demo.add_argument("--db", type=Path, metavar="PATH", help=f"record here (default {data_dir() / 'demo.duckdb'})")
     demo.add_argument("--no-record", action="store_true", help="do not record")
+    _add_history_option(demo)
     _add_view_options(demo)
     return parser
 
@@ -176,10 +216,15 @@ def parse_keymap(items: Sequence[str]) -> dict[str, str]:
 
 # -- running ---------------------------------------------------------------------------------------------------------
 def make_app(
-    feeds: Sequence[Feed], args: argparse.Namespace, *, token: str = "", database: Database | None = None
+    feeds: Sequence[Feed],
+    args: argparse.Namespace,
+    *,
+    token: str = "",
+    database: Database | None = None,
+    playback: Playback | None = None,
 ) -> ConsoleApp:
-    """The console app for ``feeds`` with the view options of the command line, the control token and the
-    database of its SQL screen."""
+    """The console app for ``feeds`` with the view options of the command line, the control token, the
+    database of its SQL screen and, for a replay, its cursor."""
     state = ConsoleState(bucket_s=args.bucket_s, window_s=args.window_s)
     return ConsoleApp(
         feeds,
@@ -190,7 +235,23 @@ def make_app(
         keymap=parse_keymap(args.key),
         token=token,
         database=database,
+        playback=playback,
+        theme=args.theme,
     )
+
+
+def span_s(args: argparse.Namespace) -> float:
+    """How far back the state's pictures reach (s): what a replay rebuilds and, by default, the history shown."""
+    return HISTORY_BUCKETS * float(args.bucket_s)
+
+
+def replay_feed(args: argparse.Namespace) -> ReplayFeed:
+    """The replay of ``--replay``: from its start at ``--speed``, or at its end, paused."""
+    if args.speed is None:
+        playback = Playback()
+    else:
+        playback = Playback(speed=min(MAX_SPEED, max(MIN_SPEED, args.speed)), playing=True, start="start")
+    return ReplayFeed(args.replay, playback=playback, lookback_s=span_s(args))
 
 
 @contextlib.contextmanager
@@ -207,11 +268,17 @@ def open_recording(db: Path | None) -> Iterator[ConsoleRecorder | None]:
         yield recorder
 
 
-def live_feeds(uris: Sequence[str], recorder: ConsoleRecorder | None) -> list[Feed]:
-    """One feed per agent; with a recorder, each resumes from the store's position and records what it gets."""
+def live_feeds(uris: Sequence[str], recorder: ConsoleRecorder | None, *, history_s: float = 0.0) -> list[Feed]:
+    """One feed per agent; with a recorder, each resumes from the store's position and records what it gets,
+    after showing the last ``history_s`` seconds the store holds of each of its nodes."""
     if recorder is None:
         return [LiveFeed(uri) for uri in uris]
-    return [RecordingFeed(LiveFeed(uri, resume=recorder.resume_from), recorder) for uri in uris]
+    return [RecordingFeed(LiveFeed(uri, resume=recorder.resume_from), recorder, history_s=history_s) for uri in uris]
+
+
+def history_s(args: argparse.Namespace) -> float:
+    """``--history-s``, by default the state's span."""
+    return span_s(args) if args.history_s is None else float(args.history_s)
 
 
 def run_app(app: ConsoleApp, *, headless: bool) -> int:
@@ -242,14 +309,19 @@ def cmd_console(args: argparse.Namespace) -> int:
     if args.replay is not None:
         if args.db is not None:
             raise UsageError("--db records a live console; a replay's SQL screen queries the replayed file")
+        if args.history_s is not None:
+            raise UsageError("--history-s shows a live console's recording; a replay has --speed and its keys")
         database = ReplayDatabase(check_store(args.replay))
         with contextlib.closing(database):
-            app = make_app([ReplayFeed(args.replay)], args, token=token, database=database)
+            feed = replay_feed(args)
+            app = make_app([feed], args, token=token, database=database, playback=feed.playback)
             return run_app(app, headless=is_headless(args))
+    if args.speed is not None:
+        raise UsageError("--speed paces a replay (--replay FILE); a live console shows the present")
     uris = [check_uri(u) for u in dict.fromkeys(args.uris)]
     db = None if args.no_record else (args.db or data_dir() / "console.duckdb")
     with open_recording(db) as recorder:
-        app = make_app(live_feeds(uris, recorder), args, token=token, database=recorder)
+        app = make_app(live_feeds(uris, recorder, history_s=history_s(args)), args, token=token, database=recorder)
         return run_app(app, headless=is_headless(args))
 
 
@@ -281,7 +353,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        app = make_app(live_feeds([children.url], recorder), args, token=children.token, database=recorder)
+        feeds = live_feeds([children.url], recorder, history_s=history_s(args))
+        app = make_app(feeds, args, token=children.token, database=recorder)
         status = run_app(app, headless=is_headless(args))
     print("trackside demo: stopped the agent" + (f"; recorded to {db}" if db else ""), file=sys.stderr)
     return status

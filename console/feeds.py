@@ -9,7 +9,11 @@ feeds never touch the state or the UI themselves.
   sequence number). Its states: ``connecting`` until the first hello, ``live`` at every hello, ``reconnecting``
   whenever a connection attempt fails (the backoff generator is asked for a delay), ``offline`` when the agent
   refuses the subscription (``AgentError``) or the URI is unusable.
-* :class:`ReplayFeed` reads a store through :func:`store.replay.areplay` (in a worker thread), state ``replay``.
+* :class:`ReplayFeed` reads a store (in a worker thread), state ``replay``, following a
+  :class:`~console.playback.Playback`: the state shows the events up to the replay's position; moving forward reads
+  on (a :class:`~console.history.Timeline`), going back (or far forward) starts the state over from a rebuild
+  (:func:`~console.history.read_back`; the first update has ``reset``). By default the cursor opens at the end of
+  the file, paused: the whole file read back as fast as it reads, as before there was a cursor.
 """
 
 from __future__ import annotations
@@ -19,19 +23,28 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol, cast
 
+import duckdb
+
 from agent.client import AgentError, Delays, ResumeFrom, backoff, stream_batches
 from agent.protocol import Event, NodeHello
+from console.history import MAX_REBUILD_EVENTS, Timeline, chunks_in_thread, read_back
 from console.model import Connection
-from store.replay import areplay
-from store.schema import StoreError
+from console.playback import Playback
+from store.replay import time_span
+from store.schema import StoreError, connect
 
 log = logging.getLogger(__name__)
 
 REPLAY_CHUNK = 4096
 """Events per update a replay yields at most."""
+REPLAY_LOOKBACK_S = 240.0
+"""How far back a replay's rebuild reads every event (the state's default span: 240 buckets of 1 s)."""
+REPLAY_TICK_S = 0.05
+"""How often a replay looks at its cursor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +56,8 @@ class FeedUpdate:
     connection: Connection | None = None
     detail: str = ""
     """Why the connection changed (an error's text), when it says."""
+    reset: bool = False
+    """The state starts over before these events: forget every event so far (a replay that seeks back)."""
 
 
 class Feed(Protocol):
@@ -136,11 +151,27 @@ class LiveFeed:
 
 
 class ReplayFeed:
-    """A store file read back as the event stream it was written from."""
+    """A store file read back as the event stream it was written from, up to the replay cursor's position."""
 
-    def __init__(self, path: str | Path, *, chunk: int = REPLAY_CHUNK) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        chunk: int = REPLAY_CHUNK,
+        playback: Playback | None = None,
+        lookback_s: float = REPLAY_LOOKBACK_S,
+        max_events: int = MAX_REBUILD_EVENTS,
+        tick_s: float = REPLAY_TICK_S,
+    ) -> None:
         self.path = Path(path)
+        self.playback = playback or Playback()
+        """The replay cursor (the app's keys move it; by default at the end, paused)."""
+        self.shown_ns: int | None = None
+        """The time the state was last brought to (the cursor's, once the feed has caught up; None: not yet)."""
         self._chunk = chunk
+        self._lookback_ns = round(lookback_s * 1e9)
+        self._max_events = max_events
+        self._tick_s = tick_s
 
     @property
     def source(self) -> str:
@@ -149,16 +180,46 @@ class ReplayFeed:
     async def updates(self) -> AsyncIterator[FeedUpdate]:
         source = self.source
         yield FeedUpdate(source, connection=Connection.REPLAY)
-        batch: list[Event] = []
         try:
-            async for event in areplay(self.path):
-                batch.append(event)
-                if len(batch) >= self._chunk:
-                    yield FeedUpdate(source, tuple(batch))
-                    batch = []
+            con = await asyncio.to_thread(connect, self.path, read_only=True)
         except StoreError as exc:  # locked by a writer since, or not a store: say why, stop
             yield FeedUpdate(source, connection=Connection.OFFLINE, detail=str(exc))
             return
-        if batch:
-            yield FeedUpdate(source, tuple(batch))
-        yield FeedUpdate(source, connection=Connection.REPLAY, detail="end of file")
+        try:
+            span = await asyncio.to_thread(time_span, con)
+            if span is None:
+                yield FeedUpdate(source, connection=Connection.REPLAY, detail="end of file")
+                return
+            async for update in self._follow(con, span):
+                yield update
+        finally:
+            con.close()
+
+    async def _follow(self, con: duckdb.DuckDBPyConnection, span: tuple[int, int]) -> AsyncIterator[FeedUpdate]:
+        """Keep the state at the cursor's position until cancelled: read on while it moves forward (by less than
+        the lookback), rebuild when it goes back or jumps further."""
+        source, playback, chunk = self.source, self.playback, self._chunk
+        playback.set_span(*span)
+        shown: int | None = None
+        timeline = Timeline(iter(()))
+        detail = ""
+        while True:
+            target = playback.position()
+            assert target is not None
+            reset = shown is None or target < shown or target - shown > self._lookback_ns
+            if reset:
+                timeline = await asyncio.to_thread(
+                    read_back, con, target, lookback_ns=self._lookback_ns, max_events=self._max_events
+                )
+            if reset or target != shown:
+                async for events in chunks_in_thread(partial(timeline.take_until, target, chunk)):
+                    yield FeedUpdate(source, events, reset=reset)
+                    reset = False
+                if reset:
+                    yield FeedUpdate(source, reset=True)
+                shown = self.shown_ns = target
+            now = "end of file" if target >= span[1] else "playing" if playback.playing else "paused"
+            if now != detail:
+                detail = now
+                yield FeedUpdate(source, connection=Connection.REPLAY, detail=detail)
+            await asyncio.sleep(self._tick_s)

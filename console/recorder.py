@@ -13,6 +13,10 @@ committed position in that run of the node (``StoreWriter.last_seq``; 0 for a ru
 agent then sends everything it still buffers). A console restarted on the same file so continues where the last
 one stopped, without duplicates and, while the agent's replay buffer reaches back that far, without a gap.
 
+History: a :class:`RecordingFeed` with ``history_s`` shows, at the first hello of each node, what the file holds of
+that node's last ``history_s`` seconds (:meth:`ConsoleRecorder.history`) before the live stream, so a restarted
+console shows what it recorded before, not only what arrives from the resume point on.
+
 DuckDB lets one process open a file for writing and then no other process may open it; in this process, the SQL
 screen's queries run on a cursor of the writer's connection (:meth:`query_connection`).
 """
@@ -23,18 +27,22 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import duckdb
 
 from agent.protocol import Event, NodeHello
 from console.feeds import Feed, FeedUpdate
+from console.history import MAX_REBUILD_EVENTS, chunks_in_thread, rebuild_events, take
+from store.replay import time_span
 from store.schema import StoreError
 from store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
+HISTORY_CHUNK = 4096
+"""Events per update of a node's recorded history."""
 DEFAULT_MAX_BACKLOG = 1_000_000
 """Events queued for the writer at most; beyond, frames are dropped (and counted) rather than the memory grown."""
 
@@ -99,6 +107,21 @@ class ConsoleRecorder:
         """Where a live feed starts in the run ``hello`` announces: after the last committed ``seq`` (0: none)."""
         with self._lock:
             return self._writer.last_seq(hello.node_id, hello.boot_ns)
+
+    def history(self, node_id: str, *, lookback_s: float, max_events: int = MAX_REBUILD_EVENTS) -> Iterator[Event]:
+        """The node's recorded events of the last ``lookback_s`` before its newest one (at most ``max_events``),
+        and what the state keeps from before them (:func:`console.history.rebuild_events`): what a restarted
+        console shows before the live stream resumes after it. Reads the database: iterate it in a thread."""
+        with self._lock:
+            cur = self._writer.cursor()
+        try:
+            span = time_span(cur, node_ids=(node_id,))
+            if span is not None:
+                yield from rebuild_events(
+                    cur, span[1], lookback_ns=round(lookback_s * 1e9), max_events=max_events, node_ids=(node_id,)
+                )
+        finally:
+            cur.close()
 
     @property
     def description(self) -> str:
@@ -165,11 +188,14 @@ class ConsoleRecorder:
 
 
 class RecordingFeed:
-    """A feed whose events are also handed to a :class:`ConsoleRecorder` (the updates pass through unchanged)."""
+    """A feed whose events are also handed to a :class:`ConsoleRecorder` (the updates pass through unchanged);
+    at the first hello of each node, the node's recorded history comes first (``history_s``; 0: none)."""
 
-    def __init__(self, feed: Feed, recorder: ConsoleRecorder) -> None:
+    def __init__(self, feed: Feed, recorder: ConsoleRecorder, *, history_s: float = 0.0) -> None:
         self.feed = feed
         self.recorder = recorder
+        self.history_s = history_s
+        """How much of a node's recorded history to show before its live stream (s; 0: none)."""
 
     @property
     def source(self) -> str:
@@ -177,7 +203,21 @@ class RecordingFeed:
 
     async def updates(self) -> AsyncIterator[FeedUpdate]:
         record = self.recorder.record
+        loaded: set[str] = set()
         async for update in self.feed.updates():
             if update.events:
+                for event in update.events:
+                    if isinstance(event, NodeHello) and event.node_id not in loaded:
+                        loaded.add(event.node_id)
+                        async for history in self._history(event.node_id):
+                            yield history
                 record(update.events)
             yield update
+
+    async def _history(self, node_id: str) -> AsyncIterator[FeedUpdate]:
+        """The node's recorded history, read in a thread, before its live stream (which resumes after it)."""
+        if self.history_s <= 0:
+            return
+        events = self.recorder.history(node_id, lookback_s=self.history_s)
+        async for chunk in chunks_in_thread(take(events, HISTORY_CHUNK)):
+            yield FeedUpdate(self.source, chunk)

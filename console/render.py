@@ -175,14 +175,17 @@ def fmt_clock(time_ns: int) -> str:
 
 
 def fmt_age(seconds: float) -> str:
-    """A time before now on an axis: ``now``, ``-30s``, ``-5m``, ``-2h``."""
+    """A time before now on an axis: ``now``, ``-30s``, ``-2m10s``, ``-5m``, ``-2h05m``, ``-2h`` (to the second
+    below two hours, to the minute above, so that neighbouring ticks of a wide axis never read the same)."""
     if seconds <= 0:
         return "now"
     if seconds < 120:
         return f"-{seconds:.0f}s"
     if seconds < 7200:
-        return f"-{seconds / 60:.0f}m"
-    return f"-{seconds / 3600:.0f}h"
+        minutes, rest_s = divmod(round(seconds), 60)
+        return f"-{minutes}m{rest_s:02d}s" if rest_s else f"-{minutes}m"
+    hours, rest_m = divmod(round(seconds / 60), 60)
+    return f"-{hours}h{rest_m:02d}m" if rest_m else f"-{hours}h"
 
 
 def time_axis(num_columns: int, bucket_s: float, every: int = 10, end_age_s: float = 0.0) -> str:

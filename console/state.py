@@ -65,6 +65,9 @@ _CAPACITY: Final = METRIC_INDEX[HeatMetric.CAPACITY]
 _PAB: Final = METRIC_INDEX[HeatMetric.PAB]
 _STEP: Final = METRIC_INDEX[HeatMetric.STEP_TIME]
 
+HISTORY_BUCKETS: Final = 240
+"""Time buckets a series keeps by default (4 minutes of 1 s buckets): how far back the state's pictures reach."""
+
 
 class ConsoleState:
     """Nodes, units, sources, alerts and policy changes, folded from protocol events."""
@@ -73,7 +76,7 @@ class ConsoleState:
         self,
         *,
         bucket_s: float = 1.0,
-        history_buckets: int = 240,
+        history_buckets: int = HISTORY_BUCKETS,
         window_s: float = 30.0,
         max_alerts: int = 200,
         max_markers: int = 1000,
@@ -81,34 +84,17 @@ class ConsoleState:
     ) -> None:
         if not (bucket_s > 0 and window_s > 0 and history_buckets >= 2):
             raise ValueError("bucket_s and window_s must be positive, history_buckets at least 2")
+        self._limits = (max_alerts, max_markers, max_steps)
         self.bucket_ns = round(bucket_s * 1e9)
         """Width of a time bucket (ns)."""
         self.history_buckets = history_buckets
         """Buckets kept per series."""
         self.window_ns = round(window_s * 1e9)
         """The sliding window of rates and percentiles (ns)."""
-        self.nodes: dict[str, NodeInfo] = {}
-        """By node id, in the order they were first seen."""
         self.sources: dict[str, SourceInfo] = {}
         """By feed (URI or file), in the order they were added."""
-        self.alerts: deque[AlertEntry] = deque(maxlen=max_alerts)
-        self.num_alerts = 0
-        """Alerts ever added (a widget appends those it has not shown yet)."""
-        self.markers: deque[PolicyMarker] = deque(maxlen=max_markers)
-        """Applied control actions, oldest first."""
-        self.audits: deque[ControlAudit] = deque(maxlen=max_markers)
-        """Every audit event (applied, dry runs, rejected), oldest first."""
-        self.now_ns = 0
-        """The latest time seen: an event's or a :meth:`tick`'s."""
-        self.num_events = 0
         self.version = 0
         """Bumped by every change (views skip work when it has not moved)."""
-        self.steps = StepLog(max_steps)
-        """The latest ``max_steps`` steps of every unit (the Steps screen)."""
-        self.slack = SlackBook()
-        """Latest slack samples and recent requests' progress (the Slack screen)."""
-        self.stages = StageBook(history_buckets=history_buckets)
-        """Stage changes, recent lengths and migrations per node (the Stages screen)."""
         self._handlers: dict[type, Callable[[Any, NodeInfo], None]] = {
             StepEvent: self._on_step,
             UnitLoadEvent: self._on_load,
@@ -122,6 +108,30 @@ class ConsoleState:
             SlackSample: self._on_slack,
             RequestMigrated: self._on_migrated,
         }
+        self._clear()
+
+    def _clear(self) -> None:
+        """Forget every event (the sources stay)."""
+        max_alerts, max_markers, max_steps = self._limits
+        history_buckets = self.history_buckets
+        self.nodes: dict[str, NodeInfo] = {}
+        """By node id, in the order they were first seen."""
+        self.alerts: deque[AlertEntry] = deque(maxlen=max_alerts)
+        self.num_alerts = 0
+        """Alerts ever added (a widget appends those it has not shown yet)."""
+        self.markers: deque[PolicyMarker] = deque(maxlen=max_markers)
+        """Applied control actions, oldest first."""
+        self.audits: deque[ControlAudit] = deque(maxlen=max_markers)
+        """Every audit event (applied, dry runs, rejected), oldest first."""
+        self.now_ns = 0
+        """The latest time seen: an event's or a :meth:`tick`'s."""
+        self.num_events = 0
+        self.steps = StepLog(max_steps)
+        """The latest ``max_steps`` steps of every unit (the Steps screen)."""
+        self.slack = SlackBook()
+        """Latest slack samples and recent requests' progress (the Slack screen)."""
+        self.stages = StageBook(history_buckets=history_buckets)
+        """Stage changes, recent lengths and migrations per node (the Stages screen)."""
 
     # -- input -------------------------------------------------------------------------------------------------
     def apply(self, events: Iterable[Event], source: str | None = None) -> int:
@@ -152,6 +162,14 @@ class ConsoleState:
         if count:
             self.version += 1
         return count
+
+    def reset(self) -> None:
+        """Start over: forget every event and alert (a replay rebuilding its view at another time). The sources
+        and their connections stay; the version moves on, so every view redraws."""
+        self._clear()
+        for info in self.sources.values():
+            info.node_ids.clear()
+        self.version += 1
 
     def tick(self, now_ns: int) -> None:
         """Move the state's time forward to ``now_ns`` (never back): windows slide even while nothing arrives."""

@@ -5,12 +5,15 @@ examples and snapshots can feed a console's state model from a file instead of a
 mirror a subscription's: ``kinds`` (event kinds, :data:`agent.protocol.EVENT_KINDS`), ``unit_ids``
 (node-level events, which concern no unit, always pass, as in ``agent.wire.event_unit_ids``), and a time
 range on ``time_ns``. :func:`areplay` is the same as an async iterator, optionally paced by the events' own
-timestamps at ``speed`` times real time; the database is read in a worker thread.
+timestamps at ``speed`` times real time; the database is read in a worker thread. :func:`node_ids`,
+:func:`time_span` and :func:`recent_start` tell a reader which nodes and times there are, and where "the last
+rows, at most so many" begin (a console rebuilding its view at a time of the store, or loading its history).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Generator, Iterator
@@ -98,6 +101,63 @@ async def areplay(
                 yield event
     finally:
         events.close()
+
+
+def node_ids(source: Source) -> list[str]:
+    """Every node with stored events (or a stored hello), sorted."""
+    with _opened(source) as con:
+        union = " UNION ".join(f"SELECT DISTINCT node_id FROM {table}" for table in TABLES)
+        return sorted(row[0] for row in con.execute(union).fetchall())
+
+
+def time_span(source: Source, *, node_ids: Collection[str] | None = None) -> tuple[int, int] | None:
+    """The first and the last ``time_ns`` of the stored events (hellos included) of ``node_ids`` (None: every
+    node); None when there are none."""
+    params: dict[str, Any] = {}
+    where = ""
+    if node_ids is not None:
+        where, params["nodes"] = " WHERE list_contains($nodes, node_id)", sorted(node_ids)
+    parts = " UNION ALL ".join(f"SELECT min(time_ns) AS lo, max(time_ns) AS hi FROM {t}{where}" for t in TABLES)
+    with _opened(source) as con:
+        row = con.execute(f"SELECT min(lo), max(hi) FROM ({parts})", params).fetchone()
+    if row is None or row[0] is None:
+        return None
+    return int(row[0]), int(row[1])
+
+
+def recent_start(source: Source, end_ns: int, max_rows: int, *, node_ids: Collection[str] | None = None) -> int | None:
+    """The earliest time from which at most ``max_rows`` stored rows (of any table; a slack sample is a row per
+    sampled request) have ``time_ns <= end_ns``; None when no more than ``max_rows`` rows lie there at all. Bounds
+    how much a reader takes back ("the last minutes, but no more than ``max_rows`` rows")."""
+    if max_rows < 0:
+        raise ValueError("max_rows must not be negative")
+    params: dict[str, Any] = {"end": end_ns, "skip": max_rows}
+    where = "time_ns <= $end"
+    if node_ids is not None:
+        where += " AND list_contains($nodes, node_id)"
+        params["nodes"] = sorted(node_ids)
+    parts = " UNION ALL ".join(f"SELECT time_ns FROM {t} WHERE {where}" for t in TABLES)
+    with _opened(source) as con:
+        query = f"SELECT time_ns FROM ({parts}) ORDER BY time_ns DESC LIMIT 1 OFFSET $skip"
+        row = con.execute(query, params).fetchone()
+    return None if row is None else int(row[0]) + 1
+
+
+@contextlib.contextmanager
+def _opened(source: Source) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor of ``source`` (a connection's own, or a file opened read-only and closed after)."""
+    if isinstance(source, duckdb.DuckDBPyConnection):
+        cur = source.cursor()
+        try:
+            yield cur
+        finally:
+            cur.close()
+        return
+    con = connect(source, read_only=True)
+    try:
+        yield con
+    finally:
+        con.close()
 
 
 def _take(events: Iterator[Event], n: int) -> list[Event]:

@@ -210,6 +210,9 @@ def test_sparklines_axes_and_numbers() -> None:
     assert len(axis) == 40 and axis.endswith("now") and "-10s" in axis and "-30s" in axis
     assert time_axis(40, 1.0, end_age_s=60).endswith("-60s")
     assert fmt_age(0) == "now" and fmt_age(300) == "-5m" and fmt_age(7200) == "-2h"
+    assert [fmt_age(s) for s in (130, 179.6, 7500)] == ["-2m10s", "-3m", "-2h05m"]
+    wide = time_axis(200, 1.0).split()
+    assert len(wide) == len(set(wide)), "no two ticks of a wide axis read the same"
     assert [fmt_si(v) for v in (None, 7, 12.345, 1234.5, 2.5e6)] == ["-", "7", "12.3", "1.23k", "2.5M"]
 
 

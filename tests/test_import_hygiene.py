@@ -59,7 +59,7 @@ def test_serve_commands_load_the_store_only_when_recording() -> None:
     "module",
     [
         "console.state", "console.queries", "console.fleet", "console.render", "console.metrics", "console.steps",
-        "console.slack", "console.stages", "console.policy_view",
+        "console.slack", "console.stages", "console.policy_view", "console.playback",
     ],
 )
 def test_console_state_model_is_plain(module: str) -> None:
@@ -71,7 +71,11 @@ def test_console_state_model_is_plain(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["console.cli", "console.app", "console.feeds", "console.demo", "console.control", "console.recorder"]
+    "module",
+    [
+        "console.cli", "console.app", "console.feeds", "console.demo", "console.control", "console.recorder",
+        "console.history",
+    ],
 )
 def test_console_runs_the_agent_as_a_child_and_imports_no_engine(module: str) -> None:
     forbidden = ("agent.engine", "agent.node", "agent.wire", "agent.hub", "agent.server", "agent.cli", "agent.bench",

@@ -71,9 +71,32 @@ class PoliciesScreen(StateScreen):
             id="policies.edit",
             tooltip="Choose a policy and parameters for the selected unit or dispatcher; dry run, confirm, apply",
         ),
-        Binding("p", "set_mode('pause')", "Pause", id="policies.pause", tooltip="Pause the selected unit (confirm)"),
-        Binding("d", "set_mode('drain')", "Drain", id="policies.drain", tooltip="Drain the selected unit (confirm)"),
-        Binding("r", "set_mode('resume')", "Resume", id="policies.resume", tooltip="Resume a paused or draining unit"),
+        # pause / drain / resume: not in the footer (it fits 80 columns); the control line above the table names
+        # them, and the help screen and the palette list them
+        Binding(
+            "p",
+            "set_mode('pause')",
+            "Pause",
+            show=False,
+            id="policies.pause",
+            tooltip="Pause the selected unit (confirm)",
+        ),
+        Binding(
+            "d",
+            "set_mode('drain')",
+            "Drain",
+            show=False,
+            id="policies.drain",
+            tooltip="Drain the selected unit (confirm)",
+        ),
+        Binding(
+            "r",
+            "set_mode('resume')",
+            "Resume",
+            show=False,
+            id="policies.resume",
+            tooltip="Resume a paused or draining unit",
+        ),
     ]
 
     @dataclass

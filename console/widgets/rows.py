@@ -8,6 +8,8 @@ as text (:func:`row_text`) and only :func:`rows_text` touches the widget, to loo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
+from operator import itemgetter
 
 from rich.style import Style
 from rich.text import Text
@@ -24,13 +26,16 @@ def row_text(row: Sequence[Cell]) -> str:
 
 
 def rows_text(widget: Widget, rows: Sequence[Sequence[Cell]], prefix: str) -> Text:
-    """``rows`` as one rich text, each style name looked up as the component class ``{prefix}--{name}``."""
+    """``rows`` as one rich text, each style name looked up as the component class ``{prefix}--{name}``; a run of
+    cells in one style becomes one span (charts draw cell by cell: a span per cell would make a segment per cell
+    all the way to the terminal)."""
     styles: dict[str, Style] = {}
     text = Text(no_wrap=True, overflow="crop", end="")
     for i, row in enumerate(rows):
         if i:
             text.append("\n")
-        for chunk, name in row:
+        for name, run in groupby(row, key=itemgetter(1)):
+            chunk = "".join(cell for cell, _ in run)
             if not name:
                 text.append(chunk)
                 continue
