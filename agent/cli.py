@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent.bench import TOPOLOGIES, BenchConfig, Fault, RunResult, run_once, scale_arrivals
+from agent.calibrate_cli import CALIBRATE_COMMANDS, add_calibrate_command
 from agent.cli_render import (
     policies_json,
     policies_text,
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy",
     )
     bench.add_argument("--profile", default="h100-llama31-8b", help="calibration profile (see `trackside "
-                       "profiles`; default h100-llama31-8b)")
+                       "profiles`; default h100-llama31-8b), or a profile file from `trackside calibrate`")
     bench.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
     bench.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
     bench.add_argument(
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--json", action="store_true", help="print the fit report as JSON")
     add_serve_commands(sub)
     add_store_commands(sub)
+    add_calibrate_command(sub)
     for name, text in UI_COMMANDS.items():
         sub.add_parser(name, help=text, add_help=False)
     return parser
@@ -346,6 +348,7 @@ def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
 
 COMMANDS = {
     "bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles, **SERVE_COMMANDS, **STORE_COMMANDS,
+    **CALIBRATE_COMMANDS,
 }
 USER_ERRORS: tuple[type[Exception], ...] = (
     CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError, *HANDLED_ERRORS,

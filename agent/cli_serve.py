@@ -77,7 +77,8 @@ def add_serve_commands(sub: Any) -> None:
     agent.add_argument("--dispatch", default="least_loaded", help="dispatch policy (default least_loaded)")
     agent.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                        help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy")
-    agent.add_argument("--profile", default="h100-llama31-8b", help="calibration profile (default h100-llama31-8b)")
+    agent.add_argument("--profile", default="h100-llama31-8b",
+                       help="calibration profile (default h100-llama31-8b), or a file from `trackside calibrate`")
     agent.add_argument("--seed", type=int, default=0, help="random seed of the synthetic workload")
     agent.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
     agent.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")

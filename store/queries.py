@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 
 from store.schema import TABLES, StoreError, connect
 
@@ -195,6 +196,69 @@ def unit_balance(db: Db, *, start_ns: int | None = None, end_ns: int | None = No
             "policies": list(r["policies"]),
         })
     return out
+
+
+# -- step records (calibration) ---------------------------------------------------------------------------------
+STEP_RECORD_COLUMNS = (
+    "time_ns", "unit_id", "measured_ns", "num_prefill_tokens", "num_decode_tokens", "num_prefill_reqs",
+    "num_decode_reqs", "context_tokens", "budget_tokens", "kv_used_blocks", "num_blocks",
+)
+"""The columns of ``steps`` that :func:`step_records` returns (what a step-time fit needs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecords:
+    """Steps of one node (or of every node when none was named), in time order, as numpy columns."""
+
+    steps_per_node: dict[str, int]
+    """Steps in the selection of every node that has some (before the node filter)."""
+    stored: dict[str, tuple[int, tuple[int, ...]]]
+    """What the store has, whatever the selection: node -> (steps, its unit ids)."""
+    columns: dict[str, Any]
+    """:data:`STEP_RECORD_COLUMNS` -> 1-D int64 numpy array, one entry per step."""
+    max_num_seqs: int | None
+    """The units' ``max_num_seqs`` (largest reported in ``unit_loads`` of the selection; None without any)."""
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.columns["time_ns"])
+
+
+def step_records(
+    db: Db,
+    *,
+    node_id: str | None = None,
+    unit_ids: Sequence[int] | None = None,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> StepRecords:
+    """The steps that started in ``[start_ns, end_ns)`` on ``unit_ids`` (all units when None) of ``node_id``
+    (all nodes when None), ordered by start time then unit."""
+    con, owned = _open(db)
+    try:
+        stored = {str(n): (int(c), tuple(int(u) for u in units)) for n, c, units in con.execute(
+            "SELECT node_id, count(*), list(DISTINCT unit_id ORDER BY unit_id) FROM steps GROUP BY node_id "
+            "ORDER BY node_id"
+        ).fetchall()}
+        params: list[Any] = []
+        where = _window("time_ns", start_ns, end_ns, params)
+        if unit_ids is not None:
+            where += f" AND unit_id IN ({', '.join(str(int(u)) for u in unit_ids) or 'NULL'})"
+        per_node = {str(n): int(c) for n, c in con.execute(
+            f"SELECT node_id, count(*) FROM steps WHERE {where} GROUP BY node_id ORDER BY node_id", params
+        ).fetchall()}
+        if node_id is not None:
+            where += " AND node_id = ?"
+            params.append(node_id)
+        cur = con.execute(
+            f"SELECT {', '.join(STEP_RECORD_COLUMNS)} FROM steps WHERE {where} ORDER BY time_ns, unit_id", params
+        )
+        columns = {name: np.asarray(values, dtype=np.int64) for name, values in cur.fetchnumpy().items()}
+        row = con.execute(f"SELECT max(max_num_seqs) FROM unit_loads WHERE {where}", params).fetchone()
+    finally:
+        if owned:
+            con.close()
+    return StepRecords(per_node, stored, columns, int(row[0]) if row and row[0] is not None else None)
 
 
 # -- arbitrary SQL, export -----------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ Derivation (see :mod:`agent.engine.profiles` for what each field means):
 6. Derived profiles (:data:`DERIVED_PROFILES`): computed from a measured profile and published hardware
    figures, never measured; :func:`derive_bandwidth_scaled_profile` documents the arithmetic. They ship a
    JSON file only (no records).
+
+Steps 2, 3 and 5 are :func:`fit_profile`, which :mod:`agent.engine.step_calibration` also runs on the steps a
+node recorded (``trackside calibrate``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.engine.profiles import (
+    KAPPA_FITTED_ON_PROBE,
     RECORD_COLUMNS,
     Derivation,
     InterferenceFit,
@@ -196,23 +200,37 @@ def _exact_usable_blocks(kv: npt.NDArray[np.float64], estimate: float, window: f
     return int(candidates[0]) if len(candidates) == 1 else None
 
 
-def derive_kv_blocks(records: Records, block_size: int) -> tuple[int, KvCapacityEvidence]:
-    """Usable KV blocks of one engine from its records, and the evidence (see module docstring)."""
+def ctx_over_kv(records: Records, method: str) -> KvCapacityEvidence | None:
+    """Quartiles of ``ctx / kv`` (tokens) over the decode-only steps with ``kv > 0.05``, as evidence for
+    ``method``; None when there is no such step."""
     use = (records["pre_tok"] == 0) & (records["kv"] > 0.05)
     ratio = records["ctx"][use] / records["kv"][use]
     if len(ratio) == 0:
-        raise ValueError("no decode-only step with kv > 0.05: cannot estimate the KV capacity")
+        return None
     p25, median, p75 = (float(v) for v in np.percentile(ratio, [25, 50, 75]))
+    return KvCapacityEvidence(method, int(use.sum()), median, p25, p75)
+
+
+def derive_kv_blocks(records: Records, block_size: int) -> tuple[int, KvCapacityEvidence]:
+    """Usable KV blocks of one engine from its records, and the evidence (see module docstring)."""
+    rough = ctx_over_kv(records, "median-ctx-over-kv")
+    if rough is None:
+        raise ValueError("no decode-only step with kv > 0.05: cannot estimate the KV capacity")
+    median = rough.ctx_over_kv_median_tokens
     exact = _exact_usable_blocks(records["kv"], median / block_size)
-    usable = exact if exact is not None else round(median / block_size)
-    method = "exact-denominator" if exact is not None else "median-ctx-over-kv"
-    return usable, KvCapacityEvidence(method, int(use.sum()), median, p25, p75)
+    if exact is None:
+        return round(median / block_size), rough
+    return exact, replace(rough, method="exact-denominator")
 
 
 def _phase(records: Records) -> PhaseFit | None:
+    """The step model fitted on ``records`` alone; None below 10 steps or when they cannot separate a, b, c."""
     if len(records) < 10:
         return None
-    coefs, stats = fit_step_model(records["new"], records["ctx"], records["t_s"])
+    try:
+        coefs, stats = fit_step_model(records["new"], records["ctx"], records["t_s"])
+    except ValueError:  # rank-deficient (e.g. every such step the same size)
+        return None
     return PhaseFit(coefs, stats)
 
 
@@ -315,9 +333,10 @@ def fit_interference_kappa(
     n = [int(m.sum()) for m in parts]
     before = [_mixed_mape(t[m], lin[m]) for m in parts]
     after = [_mixed_mape(t[m], pred[m]) for m in parts]
+    fitted_on = KAPPA_FITTED_ON_PROBE if schedule_s is not None else "all records (no schedule() times to replace)"
     return kappa, InterferenceFit(
         n[0], before[0], after[0], n[1], before[1], after[1], n[2], before[2], after[2],
-        kappa_unadjusted=_least_squares_kappa(t, lin, g),
+        kappa_unadjusted=_least_squares_kappa(t, lin, g), fitted_on=fitted_on,
     )
 
 
@@ -327,12 +346,64 @@ def collect_schedule_s(runs: Sequence[dict[str, Any]], workloads: Sequence[str])
                      for s in run["steps"][result["steps"][0]:result["steps"][1]]], dtype=np.float64)
 
 
+def fit_profile(
+    records: Records,
+    *,
+    name: str,
+    description: str,
+    gpu: str,
+    model: str,
+    mode: str,
+    source: ProfileSource,
+    block_size: int,
+    usable_blocks: int,
+    kv_evidence: KvCapacityEvidence,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    engines_per_gpu: int = 1,
+    loop_overhead: tuple[float, float] = (0.0, 0.0),
+    sched_overhead_s: float = 0.0,
+    schedule_s: npt.NDArray[np.float64] | None = None,
+) -> Profile:
+    """Fit a profile on step records whose ``workload`` column tags each step with a calibration or a holdout
+    workload of ``source``: steps 2, 3 and 5 of the module docstring, whatever engine the records come from.
+
+    The step model is fitted on the calibration steps (raises ValueError when they cannot separate ``a``,
+    ``b`` and ``c``), evaluated on the holdout steps (``holdout`` None without any), and the noise, the
+    decode-only and mixed fits and ``kappa`` follow from it. ``schedule_s`` (per record) and
+    ``sched_overhead_s`` are vLLM's ``schedule()`` times where the records have them (probe files; see
+    :func:`fit_interference_kappa`), ``loop_overhead`` the engine-loop time per step and per scheduled
+    request outside the records' ``t_s``. The KV capacity and engine limits are the caller's.
+    """
+    calib = select(records, source.calibration_workloads)
+    hold = select(records, source.holdout_workloads)
+    coefs, fit = fit_step_model(calib["new"], calib["ctx"], calib["t_s"])
+    log_ratio = np.log(calib["t_s"] / (coefs.a_s + coefs.b_s * calib["new"] + coefs.c_s * calib["ctx"]))
+    log_median = float(np.median(log_ratio))
+    kappa, interference = fit_interference_kappa(records, coefs, source.calibration_workloads, schedule_s,
+                                                  sched_overhead_s)
+    return Profile(
+        name=name, description=description, gpu=gpu, model=model, mode=mode, engines_per_gpu=engines_per_gpu,
+        source=source, coefficients=coefs, fit=fit, holdout=stats_on(coefs, hold) if len(hold) else None,
+        noise_sigma=_MAD_TO_SIGMA * float(np.median(np.abs(log_ratio - log_median))),
+        noise_sigma_std=float(np.std(log_ratio)), noise_log_median=log_median,
+        block_size=block_size, num_gpu_blocks=usable_blocks + 1, kv_evidence=kv_evidence,
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        sched_overhead_s=sched_overhead_s,
+        loop_overhead_s=loop_overhead[0], loop_overhead_per_request_s=loop_overhead[1],
+        decode_only=_phase(calib[calib["pre_tok"] == 0]),
+        mixed=_phase(calib[(calib["pre_tok"] > 0) & (calib["dec"] > 0)]),
+        interference_kappa=kappa, interference=interference, derived_from=None,
+    )
+
+
 def derive_profile(
     name: str,
     calibration_json_paths: Sequence[Path | str],
     description: str,
     *,
-    model: str,
+    model: str | None,
     kv_bytes_per_token: int | None = None,
     engines_per_gpu: int = 1,
     block_size: int = 16,
@@ -341,49 +412,39 @@ def derive_profile(
     max_model_len: int = 16384,
     measured_date: str = MEASURED_DATE,
     vllm_version: str = VLLM_VERSION,
+    calibration_workloads: tuple[str, ...] = CALIBRATION_WORKLOADS,
+    holdout_workloads: tuple[str, ...] = HOLDOUT_WORKLOADS,
 ) -> tuple[Profile, Records]:
     """Build profile ``name`` from probe files; return it and its step records.
 
     ``description`` is the hand-written summary; the KV derivation is appended (with its size in GiB when
     ``kv_bytes_per_token`` is given). The probe's engine settings (``block_size`` ... ``max_model_len``,
-    tokens) are not in the files and are passed in. With several files (engines sharing a GPU) the
-    records are concatenated in file order and ``num_gpu_blocks`` is the smallest per-engine value.
+    tokens) are not in the files and are passed in; ``model`` None takes the last part of the files' model
+    path. With several files (engines sharing a GPU) the records are concatenated in file order and
+    ``num_gpu_blocks`` is the smallest per-engine value.
     """
     paths = [Path(p) for p in calibration_json_paths]
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
     gpus, eager = {r["gpu"] for r in runs}, {bool(r["eager"]) for r in runs}
     if len(gpus) != 1 or len(eager) != 1:
         raise ValueError(f"files mix GPUs or modes: {sorted(gpus)}, eager={sorted(eager)}")
-    workloads = CALIBRATION_WORKLOADS + HOLDOUT_WORKLOADS
+    workloads = calibration_workloads + holdout_workloads
     records = collect_records(runs, workloads)
-    calib = select(records, CALIBRATION_WORKLOADS)
-    coefs, fit = fit_step_model(calib["new"], calib["ctx"], calib["t_s"])
-    log_ratio = np.log(calib["t_s"] / (coefs.a_s + coefs.b_s * calib["new"] + coefs.c_s * calib["ctx"]))
-    log_median = float(np.median(log_ratio))
     per_engine = [derive_kv_blocks(collect_records([r], workloads), block_size) for r in runs]
     usable, evidence = min(per_engine, key=lambda pe: pe[0])
-    sched_overhead = float(np.median(collect_schedule_s(runs, CALIBRATION_WORKLOADS)))
-    loop = fit_loop_overhead(runs, CALIBRATION_WORKLOADS)
-    kappa, interference = fit_interference_kappa(records, coefs, CALIBRATION_WORKLOADS,
-                                                  collect_schedule_s(runs, workloads), sched_overhead)
-    profile = Profile(
-        name=name,
+    sched_overhead = float(np.median(collect_schedule_s(runs, calibration_workloads)))
+    profile = fit_profile(
+        records, name=name,
         description=_describe(description, usable, block_size, evidence, kv_bytes_per_token,
                               int(records["ctx"].max())),
-        gpu=gpus.pop(), model=model, mode="eager" if eager.pop() else "cuda-graphs",
-        engines_per_gpu=engines_per_gpu,
+        gpu=gpus.pop(), model=model if model is not None else Path(str(runs[0].get("model", "unknown"))).name,
+        mode="eager" if eager.pop() else "cuda-graphs", engines_per_gpu=engines_per_gpu,
         source=ProfileSource(tuple(p.name for p in paths), measured_date, vllm_version,
-                             CALIBRATION_WORKLOADS, HOLDOUT_WORKLOADS),
-        coefficients=coefs, fit=fit, holdout=stats_on(coefs, select(records, HOLDOUT_WORKLOADS)),
-        noise_sigma=_MAD_TO_SIGMA * float(np.median(np.abs(log_ratio - log_median))),
-        noise_sigma_std=float(np.std(log_ratio)), noise_log_median=log_median,
-        block_size=block_size, num_gpu_blocks=usable + 1, kv_evidence=evidence,
+                             calibration_workloads, holdout_workloads),
+        block_size=block_size, usable_blocks=usable, kv_evidence=evidence,
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-        sched_overhead_s=sched_overhead,
-        loop_overhead_s=loop[0], loop_overhead_per_request_s=loop[1],
-        decode_only=_phase(calib[calib["pre_tok"] == 0]),
-        mixed=_phase(calib[(calib["pre_tok"] > 0) & (calib["dec"] > 0)]),
-        interference_kappa=kappa, interference=interference, derived_from=None,
+        loop_overhead=fit_loop_overhead(runs, calibration_workloads), sched_overhead_s=sched_overhead,
+        schedule_s=collect_schedule_s(runs, workloads),
     )
     return profile, records
 

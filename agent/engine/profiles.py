@@ -30,6 +30,9 @@ Files: ``profiles/<name>.json`` (human-readable, units in the key names) and, fo
 ``agent/engine/profiles/`` would shadow this module (a regular package wins over a module of the same
 name), so it is a namespace data folder (setuptools still installs it through ``package-data``).
 Regenerate every file with ``python -m agent.engine.calibration``.
+
+:func:`load_profile` also takes the path of a profile JSON file written elsewhere, by ``trackside calibrate
+--out FILE.json`` (:mod:`agent.engine.step_calibration`), which any node can run on its own recorded steps.
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ import csv
 import gzip
 import io
 import json
+import math
+import os
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
 from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any, TypedDict
 
 import numpy as np
@@ -71,6 +77,11 @@ class UnknownProfileError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class ProfileFileError(UnknownProfileError):
+    """A profile file that is missing or is not a profile; the message says which. A subclass of
+    :class:`UnknownProfileError` so that every command reporting an unknown profile reports this too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +120,10 @@ class KvCapacityEvidence:
     ctx_over_kv_p75_tokens: float
 
 
+KAPPA_FITTED_ON_PROBE = "all records, schedule() time replaced by its calibration median"
+"""How ``kappa`` is fitted on a probe file's steps (:attr:`InterferenceFit.fitted_on`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class InterferenceFit:
     """How well ``interference_kappa`` explains a measured profile's mixed steps (prefill and decode tokens).
@@ -129,6 +144,8 @@ class InterferenceFit:
     kappa_unadjusted: float
     """The fit on raw step times, without replacing each step's ``schedule()`` time by its median (not
     used: it mistakes vLLM's per-request scheduling cost for interference, see the calibration module)."""
+    fitted_on: str = KAPPA_FITTED_ON_PROBE
+    """What ``kappa`` was fitted on, in words (the default: a probe file's steps, which time ``schedule()``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +260,15 @@ def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
+def _sig_or_none(x: float) -> float | None:
+    """:func:`_sig`, or None (JSON null) for NaN: an error over no steps (a profile without a holdout)."""
+    return None if math.isnan(x) else _sig(x)
+
+
+def _float_or_nan(x: Any) -> float:
+    return math.nan if x is None else float(x)
+
+
 def _step_model_json(c: StepCoefficients) -> dict[str, float]:
     return {"a_ms": _sig(c.a_s * 1e3), "b_us_per_token": _sig(c.b_s * 1e6),
             "c_ns_per_context_token": _sig(c.c_s * 1e9)}
@@ -293,30 +319,30 @@ def _source_from(d: dict[str, Any] | None) -> ProfileSource | None:
 def _interference_json(p: Profile) -> dict[str, Any]:
     f = p.interference
     fit = None if f is None else {
-        "num_mixed_steps": f.num_steps, "mixed_mape_linear_fraction": _sig(f.mape_linear),
-        "mixed_mape_fraction": _sig(f.mape), "num_calibration_mixed_steps": f.calibration_num_steps,
-        "calibration_mixed_mape_linear_fraction": _sig(f.calibration_mape_linear),
-        "calibration_mixed_mape_fraction": _sig(f.calibration_mape),
+        "num_mixed_steps": f.num_steps, "mixed_mape_linear_fraction": _sig_or_none(f.mape_linear),
+        "mixed_mape_fraction": _sig_or_none(f.mape), "num_calibration_mixed_steps": f.calibration_num_steps,
+        "calibration_mixed_mape_linear_fraction": _sig_or_none(f.calibration_mape_linear),
+        "calibration_mixed_mape_fraction": _sig_or_none(f.calibration_mape),
         "num_holdout_mixed_steps": f.holdout_num_steps,
-        "holdout_mixed_mape_linear_fraction": _sig(f.holdout_mape_linear),
-        "holdout_mixed_mape_fraction": _sig(f.holdout_mape), "kappa_unadjusted": _sig(f.kappa_unadjusted),
+        "holdout_mixed_mape_linear_fraction": _sig_or_none(f.holdout_mape_linear),
+        "holdout_mixed_mape_fraction": _sig_or_none(f.holdout_mape), "kappa_unadjusted": _sig(f.kappa_unadjusted),
     }
     return {"kappa": _sig(p.interference_kappa), "factor": "1 + kappa * rho * (1 - rho), rho = decode / new tokens",
-            "fitted_on": None if f is None else "all records, schedule() time replaced by its calibration median",
-            "fit": fit}
+            "fitted_on": None if f is None else f.fitted_on, "fit": fit}
 
 
-def _interference_from(d: dict[str, Any] | None) -> InterferenceFit | None:
+def _interference_from(d: dict[str, Any] | None, fitted_on: str | None) -> InterferenceFit | None:
     if d is None:
         return None
     return InterferenceFit(
-        num_steps=int(d["num_mixed_steps"]), mape_linear=float(d["mixed_mape_linear_fraction"]),
-        mape=float(d["mixed_mape_fraction"]), calibration_num_steps=int(d["num_calibration_mixed_steps"]),
-        calibration_mape_linear=float(d["calibration_mixed_mape_linear_fraction"]),
-        calibration_mape=float(d["calibration_mixed_mape_fraction"]),
+        num_steps=int(d["num_mixed_steps"]), mape_linear=_float_or_nan(d["mixed_mape_linear_fraction"]),
+        mape=_float_or_nan(d["mixed_mape_fraction"]), calibration_num_steps=int(d["num_calibration_mixed_steps"]),
+        calibration_mape_linear=_float_or_nan(d["calibration_mixed_mape_linear_fraction"]),
+        calibration_mape=_float_or_nan(d["calibration_mixed_mape_fraction"]),
         holdout_num_steps=int(d["num_holdout_mixed_steps"]),
-        holdout_mape_linear=float(d["holdout_mixed_mape_linear_fraction"]),
-        holdout_mape=float(d["holdout_mixed_mape_fraction"]), kappa_unadjusted=float(d["kappa_unadjusted"]),
+        holdout_mape_linear=_float_or_nan(d["holdout_mixed_mape_linear_fraction"]),
+        holdout_mape=_float_or_nan(d["holdout_mixed_mape_fraction"]), kappa_unadjusted=float(d["kappa_unadjusted"]),
+        fitted_on=fitted_on or KAPPA_FITTED_ON_PROBE,
     )
 
 
@@ -424,7 +450,7 @@ def profile_from_json(d: dict[str, Any]) -> Profile:
         loop_overhead_s=float(eng["loop_overhead_ms"]) * 1e-3,
         loop_overhead_per_request_s=float(eng["loop_overhead_us_per_request"]) * 1e-6,
         decode_only=_phase_from(d.get("decode_only")), mixed=_phase_from(d.get("mixed")),
-        interference_kappa=float(inter["kappa"]), interference=_interference_from(inter["fit"]),
+        interference_kappa=float(inter["kappa"]), interference=_interference_from(inter["fit"], inter.get("fitted_on")),
         derived_from=_derivation_from(d["derived_from"]),
     )
 
@@ -459,14 +485,56 @@ def list_profiles() -> list[str]:
 def _check_name(name: str) -> None:
     known = _profile_names()
     if name not in known:
-        raise UnknownProfileError(f"unknown profile {name!r}; known profiles: {', '.join(known)}")
+        raise UnknownProfileError(
+            f"unknown profile {name!r}; known profiles: {', '.join(known)} (or the path of a profile JSON file, "
+            "e.g. ./my-node.json from `trackside calibrate`)"
+        )
+
+
+def is_profile_path(name: str) -> bool:
+    """True when ``name`` names a file rather than a shipped profile: it ends in ``.json``, has a directory or
+    is an existing file."""
+    return name.endswith(".json") or "/" in name or os.sep in name or Path(name).is_file()
+
+
+def load_profile(name: str = DEFAULT_PROFILE) -> Profile:
+    """The shipped profile ``name``, or the profile in the JSON file at path ``name`` (:func:`is_profile_path`).
+
+    Raises :class:`UnknownProfileError` (a KeyError) listing the known ones for an unknown name, and
+    :class:`ProfileFileError` (a subclass) for a file that is missing or not a profile. Shipped profiles are
+    cached (the same object every time); a file is read again on every call.
+    """
+    if name not in _profile_names() and is_profile_path(name):
+        return load_profile_file(name)
+    return _load_shipped(name)
 
 
 @cache
-def load_profile(name: str = DEFAULT_PROFILE) -> Profile:
-    """The shipped profile ``name``. Raises :class:`UnknownProfileError` (a KeyError) listing the known ones."""
+def _load_shipped(name: str) -> Profile:
     _check_name(name)
     return profile_from_json(json.loads(_data_dir().joinpath(f"{name}.json").read_text(encoding="utf-8")))
+
+
+def load_profile_file(path: str | Path) -> Profile:
+    """The profile in a JSON file (the layout of :func:`profile_to_json`); :class:`ProfileFileError` if it
+    cannot be read or is not a profile of this :data:`SCHEMA_VERSION`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileFileError(f"no profile file at {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileFileError(f"cannot read profile file {path}: {exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileFileError(f"{path} is not a profile: invalid JSON ({exc})") from None
+    if not isinstance(doc, dict) or "step_model" not in doc:
+        raise ProfileFileError(f"{path} is not a profile: no step_model (write one with `trackside calibrate`)")
+    try:
+        return profile_from_json(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ProfileFileError(f"{path} is not a usable profile: {what}") from None
 
 
 class NoRecordsError(LookupError):
@@ -477,9 +545,10 @@ class NoRecordsError(LookupError):
 def load_records(name: str = DEFAULT_PROFILE) -> Records:
     """The step records behind profile ``name`` (read-only structured array, :data:`RECORD_DTYPE`).
 
-    Raises :class:`NoRecordsError` for a derived profile.
+    Raises :class:`NoRecordsError` for a derived profile. Shipped profiles only (a profile file's records lie
+    next to it: :func:`read_records_file`).
     """
-    profile = load_profile(name)
+    profile = _load_shipped(name)
     if profile.derived_from is not None:
         raise NoRecordsError(f"profile {name!r} is derived from {profile.derived_from.base_profile!r}, "
                              "not measured: it has no step records")
@@ -487,6 +556,13 @@ def load_records(name: str = DEFAULT_PROFILE) -> Records:
     records = parse_records(gzip.decompress(raw).decode("utf-8"))
     records.flags.writeable = False
     return records
+
+
+def read_records_file(path: str | Path) -> Records:
+    """The records of a ``.records.csv.gz`` file (or a plain ``.csv``) written with a profile."""
+    raw = Path(path).read_bytes()
+    text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
+    return parse_records(text)
 
 
 class StatsReport(TypedDict):
