@@ -1,0 +1,286 @@
+"""Live vLLM units behind a trackside dispatcher: the agent's request path, shared by replays and HTTP intake.
+
+A submitted request waits at the dispatcher (:class:`~policies.types.PendingRequest`) until the
+:class:`~policies.base.DispatchPolicy` places it on a unit or rejects it. The dispatcher is asked on every
+arrival, at the ``next_check_s`` it asks for, and (when it ``wants_step_reports``) after every step record while
+requests are pending, as in the simulated node. :meth:`VllmCluster.submit` returns a :class:`RequestStream`: an
+async iterator of the request's :class:`~agent.engine.vllm.unit.TokenDelta` s (or, with ``collect=False``,
+only its outcome). Aborting a request removes it from the pending queue, or cancels it on its unit (vLLM's
+``AsyncLLM.abort``, which frees its KV blocks).
+
+Not (yet) served: migrations a rebalancing dispatcher asks for, and ``UnitLoad.requests`` for dispatchers that
+``needs_requests``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.vllm.sampling import Sampling, TokenDelta
+from agent.engine.vllm.unit import VllmUnit
+from policies.base import DispatchPolicy
+from policies.types import PendingRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRequest:
+    """A request for the cluster: a token-id prompt and how much to generate."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    ttft_slo_s: float | None = None
+    """None: the cluster's default."""
+    tpot_slo_s: float | None = None
+    arrival_s: float | None = None
+    """When the request reached the agent (wall clock); None: now."""
+    sampling: Sampling | None = None
+    """None: the unit's default (``ignore_eos``, no text), what workload replays use."""
+
+
+class RequestRejected(Exception):
+    """The dispatcher refused the request (it was never given to a unit)."""
+
+
+class RequestAborted(Exception):
+    """The request was aborted (:meth:`VllmCluster.abort`) before it finished."""
+
+
+_END = object()
+
+
+class RequestStream:
+    """One request's progress: iterate for its token deltas, :meth:`wait` for its outcome, :meth:`abort` to end it.
+
+    Iteration ends after the delta that carries ``finish_reason``; it raises :class:`RequestRejected` when the
+    dispatcher refused the request, :class:`RequestAborted` when someone aborted it, and the unit's exception
+    when vLLM failed it (a ``ValueError`` for a request vLLM finds invalid).
+    """
+
+    def __init__(self, request: ClusterRequest, cluster: VllmCluster, collect: bool) -> None:
+        self.request = request
+        self.request_id = request.request_id
+        self.unit_id: int | None = None
+        """The unit the dispatcher chose; None while pending (and for a rejected request)."""
+        self.outcome: RequestOutcome | None = None
+        self.error: BaseException | None = None
+        self._cluster = cluster
+        self._queue: asyncio.Queue[TokenDelta | object] | None = asyncio.Queue() if collect else None
+        self._task: asyncio.Task[RequestOutcome] | None = None
+        self._done = asyncio.Event()
+
+    # -- consumer side ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> TokenDelta:
+        if self._queue is None:
+            raise RuntimeError("submitted with collect=False: no deltas to iterate")
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # a further __anext__ ends (or raises) again
+            if self.error is not None:
+                raise self.error
+            raise StopAsyncIteration
+        assert isinstance(item, TokenDelta)
+        return item
+
+    async def wait(self) -> RequestOutcome:
+        """The outcome once the request finished; raises what iteration would raise."""
+        await self._done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.outcome is not None
+        return self.outcome
+
+    def abort(self) -> bool:
+        """End the request wherever it is (see :meth:`VllmCluster.abort`); False if it had already finished."""
+        return self._cluster._abort(self)
+
+    # -- cluster side -----------------------------------------------------------------------------
+    def _push(self, delta: TokenDelta) -> None:
+        if self._queue is not None:
+            self._queue.put_nowait(delta)
+
+    def _finish(self, outcome: RequestOutcome | None, error: BaseException | None) -> None:
+        if self._done.is_set():
+            return
+        self.outcome = outcome
+        self.error = error
+        self._done.set()
+        if self._queue is not None:
+            self._queue.put_nowait(_END)
+
+    def _on_task_done(self, task: asyncio.Task[RequestOutcome]) -> None:
+        if task.cancelled():
+            self._finish(None, RequestAborted(f"request {self.request_id} was aborted"))
+        elif (exc := task.exception()) is not None:
+            self._finish(None, exc)
+        else:
+            self._finish(task.result(), None)
+
+
+class VllmCluster:
+    """Units, a dispatcher, and the pending queue between them."""
+
+    def __init__(self, units: Sequence[VllmUnit], dispatcher: DispatchPolicy, *, ttft_slo_s: float,
+                 tpot_slo_s: float, clock: Callable[[], float] = time.time) -> None:
+        if not units:
+            raise ValueError("a cluster needs at least one unit")
+        self.units = list(units)
+        self.dispatcher = dispatcher
+        self.ttft_slo_s = ttft_slo_s
+        self.tpot_slo_s = tpot_slo_s
+        """SLOs of a request that names none."""
+        self._clock = clock
+        self._by_unit = {u.unit_id: u for u in self.units}
+        self.pending: dict[str, PendingRequest] = {}
+        """Requests waiting at the dispatcher, in arrival order."""
+        self.streams: dict[str, RequestStream] = {}
+        """Requests not yet finished (pending or on a unit)."""
+        self.rejected: deque[str] = deque(maxlen=100_000)
+        """Ids of requests the dispatcher refused (the most recent)."""
+        self.num_rejected = 0
+        self.num_aborted = 0
+        self._next_check: float | None = None
+        self._wake = asyncio.Event()
+        self._checker: asyncio.Task[None] | None = None
+
+    # -- life cycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Hook the units' step reports and start the ``next_check_s`` timer (inside the running loop)."""
+        if self._checker is not None:
+            return
+        for u in self.units:
+            u.on_step = self._on_step
+        self._checker = asyncio.get_running_loop().create_task(self._checks())
+
+    async def close(self) -> None:
+        """Stop dispatching; abort what is still pending or running. The units keep running (stop them apart)."""
+        if self._checker is not None:
+            self._checker.cancel()
+            self._checker = None
+        for u in self.units:
+            if u.on_step == self._on_step:
+                u.on_step = None
+        tasks = [s._task for s in self.streams.values() if s._task is not None]
+        for rid in list(self.streams):
+            self.abort(rid)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> VllmCluster:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- requests ---------------------------------------------------------------------------------
+    def submit(self, request: ClusterRequest, *, collect: bool = True) -> RequestStream:
+        """Queue ``request`` at the dispatcher and ask it at once; ``collect=False`` keeps no deltas."""
+        rid = request.request_id
+        if rid in self.streams:
+            raise ValueError(f"request id {rid!r} is already in flight")
+        stream = RequestStream(request, self, collect)
+        self.streams[rid] = stream
+        self.pending[rid] = PendingRequest(
+            rid, request.arrival_s if request.arrival_s is not None else self._clock(),
+            len(request.prompt_token_ids),
+            request.ttft_slo_s if request.ttft_slo_s is not None else self.ttft_slo_s,
+            request.tpot_slo_s if request.tpot_slo_s is not None else self.tpot_slo_s,
+        )
+        self.dispatch()
+        return stream
+
+    def abort(self, request_id: str) -> bool:
+        """Take a pending request off the queue, or abort it on its unit; False if it is not in flight.
+
+        On a unit the request's task is cancelled, and vLLM's ``generate()`` answers a cancel with
+        ``AsyncLLM.abort`` (the engine core drops the request and frees its KV blocks at its next iteration).
+        """
+        stream = self.streams.get(request_id)
+        return stream is not None and self._abort(stream)
+
+    def _abort(self, stream: RequestStream) -> bool:
+        rid = stream.request_id
+        if stream.done or self.streams.get(rid) is not stream:
+            return False
+        if self.pending.pop(rid, None) is not None:
+            del self.streams[rid]
+            stream._finish(None, RequestAborted(f"request {rid} was aborted while pending"))
+        elif stream._task is None or not stream._task.cancel():
+            return False
+        self.num_aborted += 1
+        return True
+
+    # -- dispatching ------------------------------------------------------------------------------
+    def dispatch(self) -> None:
+        """Ask the dispatcher about the pending requests now (also called on arrivals, reports and checks)."""
+        if not self.pending:
+            return
+        now = self._clock()
+        loads = [u.load() for u in self.units]
+        decision = self.dispatcher.dispatch(list(self.pending.values()), loads, now)
+        for rid, uid in decision.assignments:
+            p = self.pending.pop(rid, None)
+            if p is None:
+                continue
+            self._launch(self.streams[rid], self._by_unit[uid], p)
+        for rid in decision.rejected:
+            if self.pending.pop(rid, None) is not None:
+                self.rejected.append(rid)
+                self.num_rejected += 1
+                stream = self.streams.pop(rid)
+                stream._finish(None, RequestRejected(
+                    f"the {self.dispatcher.name or type(self.dispatcher).__name__} dispatcher rejected the request"
+                ))
+        self._next_check = decision.next_check_s
+        if decision.next_check_s is not None:
+            self._wake.set()
+
+    def _launch(self, stream: RequestStream, unit: VllmUnit, p: PendingRequest) -> None:
+        r = stream.request
+        stream.unit_id = unit.unit_id
+        task = unit.submit(r.request_id, r.prompt_token_ids, r.max_tokens, arrival_s=p.arrival_s,
+                           ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, sampling=r.sampling,
+                           on_output=stream._push if stream._queue is not None else None)
+        stream._task = task
+
+        def done(t: asyncio.Task[RequestOutcome]) -> None:
+            self.streams.pop(r.request_id, None)
+            stream._on_task_done(t)
+
+        task.add_done_callback(done)
+
+    def _on_step(self, unit: VllmUnit, rec: StepRecord) -> None:
+        if self.pending and self.dispatcher.wants_step_reports:
+            self.dispatch()
+
+    async def _checks(self) -> None:
+        wake = self._wake
+        while True:
+            when = self._next_check
+            if when is None:
+                wake.clear()
+                await wake.wait()
+                continue
+            delay = when - self._clock()
+            if delay > 0:
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout=delay)
+                    continue
+                except TimeoutError:
+                    pass
+            self._next_check = None
+            self.dispatch()

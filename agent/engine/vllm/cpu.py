@@ -1,0 +1,65 @@
+"""A vLLM configuration that builds on a machine without a GPU (tests, the fake executor, smoke runs).
+
+A tiny Llama ``config.json`` (hidden 256, 2 layers, no weights) is the model and ``DeviceConfig("cpu")`` lets
+``VllmConfig`` be built at all (``LLM(...)`` cannot be on a CPU-only machine, ``shared/VLLM.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "vocab_size": 1024, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16", "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def _env() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(tempfile.gettempdir(), "trackside-vllm-cache"))
+
+
+@cache
+def tiny_model_dir() -> str:
+    folder = Path(tempfile.gettempdir()) / "trackside-tiny-llama"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return str(folder)
+
+
+@cache
+def _model_config(max_model_len: int) -> Any:
+    _env()
+    from vllm.config import ModelConfig
+
+    return ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
+                       dtype="float16")
+
+
+def cpu_vllm_config(*, max_num_batched_tokens: int = 512, max_num_seqs: int = 32, block_size: int = 16,
+                    num_blocks: int = 400, max_model_len: int = 4096, prefix_caching: bool = False,
+                    async_scheduling: bool = False, long_prefill_token_threshold: int = 0,
+                    step_model: tuple[float, float, float] = (0.003, 2e-6, 1e-8),
+                    additional: dict[str, Any] | None = None) -> Any:
+    """A ``VllmConfig`` for the tiny model on the CPU; ``step_model`` is the fake executor's step time."""
+    _env()
+    from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
+
+    sched = SchedulerConfig(
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        enable_chunked_prefill=True, is_encoder_decoder=False, async_scheduling=async_scheduling,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+    )
+    cache_cfg = CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching)
+    cache_cfg.num_gpu_blocks = num_blocks
+    extra = {"trackside_fake": {"num_blocks": num_blocks, "step_model": list(step_model)}, **(additional or {})}
+    return VllmConfig(model_config=_model_config(max_model_len), scheduler_config=sched, cache_config=cache_cfg,
+                      device_config=DeviceConfig(device="cpu"), additional_config=extra)

@@ -1,0 +1,425 @@
+"""A vLLM 0.26.0 scheduler that runs a trackside batch policy every step.
+
+:class:`PolicySchedulerMixin` wraps vLLM's own ``Scheduler.schedule()`` (no copy of it): before each call it
+shows the unit's :class:`~policies.base.BatchPolicy` the running and waiting requests, takes its
+:class:`~policies.types.StepPlan`, and imposes the plan with vLLM's own mechanisms (``shared/VLLM.md``):
+
+* the step's token budget: ``max_num_scheduled_tokens`` for the call (never above ``max_num_batched_tokens``);
+* priority: ``self.running`` sorted by ``plan.running_order`` (its tail is vLLM's preemption victim);
+* admissions: a temporary waiting queue holding only the requests the plan admits, in plan order; every other
+  waiting request is merged back afterwards in its old place (requests vLLM preempted in the call go first,
+  as vLLM prepends them);
+* per-request token counts (a chunk cap, a request held back this step): the only per-request hook before
+  KV allocation, the Mamba block-aligned split (``need_mamba_block_aligned_split``), turned on for the call
+  and overridden to return ``min(vLLM's count, the plan's)``; 0 leaves a running request out of the step
+  without preempting it. Valid for models without Mamba layers only (checked at start).
+
+With the ``vllm`` policy the enforced plan is exactly what vLLM decides on its own (tested step by step on
+randomized request streams, sync and async). :class:`PolicyScheduler` subclasses ``Scheduler`` (for
+``async_scheduling=False``), :class:`PolicyAsyncScheduler` subclasses ``AsyncScheduler`` (the default: a
+plain ``Scheduler`` under the async loop decodes only every other step).
+
+Every step yields a step record (composition, measured and predicted time, KV, the plan's reasons) sent out
+of the engine-core process on a zmq PUSH socket (:mod:`agent.engine.vllm.channel`) or kept in memory; control
+messages (swap the policy, change parameters) arrive on a zmq PULL socket polled at the top of ``schedule()``,
+so a change always applies between two steps.
+
+Timing: nothing in vLLM times the forward pass. Sync scheduling: a step lasts from ``schedule()`` returning
+to ``update_from_output()`` starting. Async scheduling (step N+1 is planned while N runs): step N lasts from
+the later of its ``schedule()`` return and step N-1's output to step N's output. A policy under async
+scheduling sees counts one step late (vLLM's own behaviour).
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from agent.engine.vllm.channel import ControlInbox, StepSink, make_sink
+from agent.engine.vllm.config import UnitSettings, unit_settings
+from policies.base import BatchPolicy
+from policies.cost.fit import OnlineStepModel
+from policies.cost.step_model import StepCoefficients
+from policies.params import ParamError
+from policies.registry import BATCH_POLICIES
+from policies.types import RequestView, StepFeedback, StepMode, StepPlan, UnitView
+
+DEFAULT_COEFFICIENTS = StepCoefficients(9.11e-3, 24.0e-6, 43.9e-9)
+"""H100, Llama-3.1-8B, CUDA graphs (``shared/calibration``): the prior when a unit names none."""
+
+
+class UnsupportedModelError(RuntimeError):
+    """The model needs vLLM's Mamba block alignment, the hook the plan enforcement borrows."""
+
+
+def build_policy(name: str, params: dict[str, Any]) -> BatchPolicy:
+    try:
+        cls = BATCH_POLICIES[name]
+    except KeyError:
+        raise ParamError(f"unknown batch policy {name!r} (known: {', '.join(sorted(BATCH_POLICIES))})") from None
+    return cls(params)
+
+
+class _Pending:
+    """What the scheduler remembers of a step between ``schedule()`` and ``update_from_output()``."""
+
+    __slots__ = ("ctx", "decode_ids", "index", "plan", "plan_s", "predicted_s", "scheduled_s")
+
+    def __init__(self, index: int, plan: StepPlan, decode_ids: set[str], predicted_s: float, scheduled_s: float,
+                 plan_s: float, ctx: int) -> None:
+        self.index = index
+        self.ctx = ctx
+        self.plan = plan
+        self.decode_ids = decode_ids
+        self.predicted_s = predicted_s
+        self.scheduled_s = scheduled_s
+        self.plan_s = plan_s
+
+
+class PolicySchedulerMixin:
+    """Runs a trackside batch policy inside a vLLM scheduler. Put it before ``Scheduler`` in the bases."""
+
+    # Attributes of vLLM's Scheduler this mixin uses (declared for readers; set by Scheduler.__init__).
+    running: list[Any]
+    waiting: Any
+    skipped_waiting: Any
+    requests: dict[str, Any]
+    max_num_scheduled_tokens: int
+    max_num_running_reqs: int
+    max_model_len: int
+    need_mamba_block_aligned_split: bool
+    kv_cache_manager: Any
+    cache_config: Any
+    vllm_config: Any
+    policy: Any
+
+    def _ts_setup(self) -> None:
+        if self.need_mamba_block_aligned_split:
+            raise UnsupportedModelError(
+                "trackside enforces per-request token counts through vLLM's Mamba alignment hook: "
+                "models with Mamba layers in 'align' cache mode are not supported"
+            )
+        if self.policy != SchedulingPolicy.FCFS:
+            raise UnsupportedModelError("trackside policies replace vLLM's priority scheduling: use the fcfs policy")
+        settings = unit_settings(self.vllm_config.additional_config)
+        self.ts_settings: UnitSettings = settings
+        self.ts_unit_id = settings.unit_id
+        self.ts_policy: BatchPolicy = build_policy(settings.policy, dict(settings.params))
+        prior = StepCoefficients(*settings.coefficients) if settings.coefficients else DEFAULT_COEFFICIENTS
+        self.ts_cost = OnlineStepModel(prior, forgetting=0.99)
+        self.ts_online = settings.online_fit
+        self.ts_max_tokens = self.max_num_scheduled_tokens
+        self.ts_block_size = int(self.cache_config.block_size)
+        # vLLM counts usage over num_gpu_blocks - 1 (block 0 is its null block).
+        self.ts_num_blocks = max(1, int(self.kv_cache_manager.block_pool.num_gpu_blocks) - 1)
+        self.ts_caps: dict[str, int] | None = None
+        self.ts_slo: dict[str, tuple[float, float, float]] = {}
+        """request id -> (TTFT SLO, TPOT SLO, arrival): ``extra_args`` ``ttft_slo_s``, ``tpot_slo_s``, ``arrival_s``
+        (the time the request reached the agent, so that its wait at the dispatcher counts against its slack)."""
+        self.ts_first_token: dict[str, float] = {}
+        self.ts_views: dict[str, tuple[tuple[int, int, int, int, bool], RequestView]] = {}
+        """Each request's last view and the state it was built from (rebuilt only when that changed)."""
+        self.ts_queued_tokens = 0
+        self.ts_waiting_prev: tuple[tuple[Any, ...], tuple[RequestView, ...]] = ((), ())
+        self.ts_pending: dict[int, _Pending] = {}
+        self.ts_step_index = 0
+        self.ts_last_output_s: float | None = None
+        self.ts_sink: StepSink = make_sink(settings.step_addr)
+        self.ts_inbox: ControlInbox | None = ControlInbox(settings.control_addr) if settings.control_addr else None
+        self.ts_paused = False
+
+    # -- the policy's view ------------------------------------------------------------------------
+    def _ts_request_view(self, r: Any, first_token: dict[str, float]) -> RequestView:
+        rid = r.request_id
+        placeholders = r.num_output_placeholders
+        raw_outputs = r.num_output_tokens
+        computed = r.num_computed_tokens
+        key = (computed, raw_outputs, placeholders, r.num_preemptions, rid in first_token)
+        cached = self.ts_views.get(rid)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        slo = self.ts_slo.get(rid)
+        if slo is None:
+            extra = r.sampling_params.extra_args if r.sampling_params is not None else None
+            s = self.ts_settings
+            if extra:
+                slo = (float(extra.get("ttft_slo_s", s.ttft_slo_s)), float(extra.get("tpot_slo_s", s.tpot_slo_s)),
+                       float(extra.get("arrival_s", r.arrival_time)))
+            else:
+                slo = (s.ttft_slo_s, s.tpot_slo_s, r.arrival_time)
+            self.ts_slo[rid] = slo
+        outputs = raw_outputs + placeholders
+        prompt = r.num_prompt_tokens
+        if placeholders > 0 and computed + 2 - placeholders >= prompt + r.max_tokens:
+            # Async scheduling: its last token is already in flight; vLLM skips it (nothing left to compute).
+            computed = prompt + outputs
+        view = RequestView(rid, slo[2], prompt, computed, outputs, slo[0], slo[1], first_token.get(rid),
+                           r.num_preemptions)
+        self.ts_views[rid] = (key, view)
+        return view
+
+    def _ts_view(self) -> UnitView:
+        ft = self.ts_first_token
+        view = self._ts_request_view
+        queue = (*self.skipped_waiting, *self.waiting)
+        prev = self.ts_waiting_prev
+        if len(queue) == len(prev[0]) and all(map(operator.is_, queue, prev[0])):
+            # The same requests in the same order: waiting requests compute nothing, so their views hold.
+            waiting = prev[1]
+        else:
+            waiting = tuple(view(r, ft) for r in queue)
+            queued = 0
+            for w in waiting:
+                queued += w.prompt_tokens + w.output_tokens - w.computed_tokens
+            self.ts_queued_tokens = queued
+            self.ts_waiting_prev = (queue, waiting)
+        return UnitView(
+            unit_id=self.ts_unit_id,
+            step_index=self.ts_step_index,
+            running=tuple(view(r, ft) for r in self.running),
+            waiting=waiting,
+            block_size=self.ts_block_size,
+            num_blocks=self.ts_num_blocks,
+            free_blocks=int(self.kv_cache_manager.block_pool.get_num_free_blocks()),
+            max_num_batched_tokens=self.ts_max_tokens,
+            max_num_seqs=self.max_num_running_reqs,
+            max_model_len=self.max_model_len,
+            cost=self.ts_cost.coefficients,
+            mixed_interference=self.ts_settings.mixed_interference,
+        )
+
+    # -- vLLM's hooks -----------------------------------------------------------------------------
+    def _mamba_block_aligned_split(self, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> int:
+        caps = self.ts_caps
+        if caps is None:
+            return super()._mamba_block_aligned_split(request, num_new_tokens, *args, **kwargs)  # type: ignore[misc, no-any-return]
+        return min(num_new_tokens, caps.get(request.request_id, 0))
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.ts_inbox is not None:
+            for message in self.ts_inbox.poll():
+                self._ts_control(message)
+        t0 = time.perf_counter()
+        now = time.time()
+        view = self._ts_view()
+        plan = self.ts_policy.plan(view, now)
+        plan_s = time.perf_counter() - t0
+        out = self._ts_enforce(plan, view, *args, **kwargs)
+        scheduled = out.num_scheduled_tokens
+        if scheduled:
+            self.ts_step_index += 1
+            decodes = {r.request_id for r in view.running if r.is_decode}
+            by_id = {r.request_id: r for r in view.running}
+            ctx = 0
+            new = 0
+            for rid, n in scheduled.items():
+                r = by_id.get(rid)
+                ctx += (r.computed_tokens if r is not None else self.requests[rid].num_computed_tokens - n) + n
+                new += n
+            predicted = self.ts_cost.predict_s(new, ctx)
+            self.ts_pending[id(out)] = _Pending(self.ts_step_index, plan, decodes, predicted, time.perf_counter(),
+                                                plan_s, ctx)
+        return out
+
+    def _ts_enforce(self, plan: StepPlan, view: UnitView, *args: Any, **kwargs: Any) -> Any:
+        running = self.running
+        order = plan.running_order
+        if len(order) != len(running) or any(r.request_id != rid for r, rid in zip(running, order, strict=False)):
+            pos = {rid: i for i, rid in enumerate(order)}
+            last = len(pos)
+            running.sort(key=lambda r: pos.get(r.request_id, last))
+        running_ids = {r.request_id for r in view.running}
+        admits = [rid for rid, _ in plan.entries if rid not in running_ids]
+        self.max_num_scheduled_tokens = max(0, min(int(plan.token_budget), self.ts_max_tokens))
+        self.ts_caps = dict(plan.entries)
+        self.need_mamba_block_aligned_split = True
+        try:
+            if not self.skipped_waiting and len(self.waiting) >= len(admits) and all(
+                r.request_id == rid for r, rid in zip(self.waiting, admits, strict=False)
+            ):
+                # The plan admits the head of the queue in queue order (FCFS): vLLM's own loop takes exactly
+                # those, and the next one's cap of 0 ends its admissions.
+                return super().schedule(*args, **kwargs)  # type: ignore[misc]
+            return self._ts_schedule_reordered(admits, *args, **kwargs)
+        finally:
+            self.need_mamba_block_aligned_split = False
+            self.ts_caps = None
+            self.max_num_scheduled_tokens = self.ts_max_tokens
+
+    def _ts_schedule_reordered(self, admits: list[str], *args: Any, **kwargs: Any) -> Any:
+        """Admit ``admits`` in plan order through a temporary waiting queue; the others keep their places."""
+        old_waiting = self.waiting
+        old_skipped = self.skipped_waiting
+        waiting_ids = {r.request_id for r in old_waiting}
+        queue = create_request_queue(self.policy)
+        admitted: set[str] = set()
+        for rid in admits:
+            if rid in waiting_ids and rid not in admitted:
+                queue.add_request(self.requests[rid])
+                admitted.add(rid)
+        self.waiting = queue
+        self.skipped_waiting = create_request_queue(self.policy)
+        try:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            left = list(self.waiting)  # preempted this call (prepended), then admissions vLLM did not take
+            left_ids = {r.request_id for r in left}
+            merged = create_request_queue(self.policy)
+            for r in left:
+                if r.request_id not in admitted:
+                    merged.add_request(r)
+            for r in old_waiting:
+                rid = r.request_id
+                if rid not in admitted or rid in left_ids:
+                    merged.add_request(r)
+            newly_skipped = list(self.skipped_waiting)
+            self.waiting = merged
+            for r in newly_skipped:
+                old_skipped.add_request(r)
+            self.skipped_waiting = old_skipped
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        t_out = time.perf_counter()
+        pending = self.ts_pending.pop(id(scheduler_output), None)
+        get = self.requests.get
+        reqs = [get(rid) for rid in scheduler_output.num_scheduled_tokens] if pending is not None else []
+        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        if pending is not None:
+            self._ts_record(pending, scheduler_output, reqs, t_out)
+        return result
+
+    # -- records ----------------------------------------------------------------------------------
+    def _ts_record(self, pending: _Pending, out: Any, reqs: list[Any], t_out: float) -> None:
+        start = pending.scheduled_s
+        if self.ts_last_output_s is not None and self.ts_last_output_s > start:
+            start = self.ts_last_output_s
+        self.ts_last_output_s = t_out
+        measured = max(t_out - start, 1e-6)
+        now = time.time()
+        pre_tok = dec_tok = pre_reqs = dec_reqs = 0
+        ctx = pending.ctx
+        finished_out: list[int] = []
+        finished_prompt: list[int] = []
+        ft = self.ts_first_token
+        for (rid, n), r in zip(out.num_scheduled_tokens.items(), reqs, strict=True):
+            if rid in pending.decode_ids:
+                dec_tok += n
+                dec_reqs += 1
+            else:
+                pre_tok += n
+                pre_reqs += 1
+            if r is None:
+                continue
+            if rid not in ft and r.num_output_tokens > 0:
+                ft[rid] = now
+            if r.is_finished():
+                finished_out.append(r.num_output_tokens)
+                finished_prompt.append(r.num_prompt_tokens)
+        for rid in [rid for rid in ft if rid not in self.requests]:
+            del ft[rid]
+        if len(self.ts_slo) > 2 * len(self.requests) + 1024:
+            live = self.requests
+            self.ts_slo = {k: v for k, v in self.ts_slo.items() if k in live}
+            self.ts_views = {k: v for k, v in self.ts_views.items() if k in live}
+        plan = pending.plan
+        mode = _mode(pre_tok, dec_tok)
+        if self.ts_online and pre_tok + dec_tok:
+            self.ts_cost.update(pre_tok + dec_tok, ctx, measured)
+        preempted = out.preempted_req_ids or ()
+        used_blocks = self.ts_num_blocks - int(self.kv_cache_manager.block_pool.get_num_free_blocks())
+        self.ts_policy.observe_step(StepFeedback(
+            mode, pre_tok, dec_tok, ctx, pre_reqs + dec_reqs, measured, pending.predicted_s, len(finished_out),
+            tuple(finished_out), tuple(finished_prompt), len(self.running) + len(self.waiting),
+        ))
+        pab = self.ts_policy.admission_budget_tokens()
+        self.ts_sink.emit({
+            "kind": "step",
+            "unit_id": self.ts_unit_id,
+            "step_index": pending.index,
+            "start_s": now - measured,
+            "duration_s": measured,
+            "predicted_s": pending.predicted_s,
+            "mode": mode.value,
+            "policy": self.ts_policy.name,
+            "num_prefill_tokens": pre_tok,
+            "num_decode_tokens": dec_tok,
+            "num_prefill_reqs": pre_reqs,
+            "num_decode_reqs": dec_reqs,
+            "context_tokens": ctx,
+            "token_budget": int(plan.token_budget),
+            "kv_used_blocks": used_blocks,
+            "num_blocks": self.ts_num_blocks,
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting) + len(self.skipped_waiting),
+            "num_preempted": len(preempted),
+            "num_finished": len(finished_out),
+            "reasons": dict(plan.reasons),
+            "preempted": sorted(preempted),
+            "plan_us": round(pending.plan_s * 1e6, 1),
+            "admission_budget": pab,
+            "queued_prefill_tokens": self.ts_queued_tokens,
+        })
+
+    # -- control ----------------------------------------------------------------------------------
+    def _ts_control(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        reply: dict[str, Any] = {"kind": "control", "id": message.get("id"), "unit_id": self.ts_unit_id, "ok": True}
+        try:
+            if op == "set_policy":
+                self.ts_policy = build_policy(str(message["name"]), dict(message.get("params") or {}))
+                reply["policy"] = self.ts_policy.name
+            elif op == "set_params":
+                reply["old"] = self.ts_policy.update_params(dict(message.get("changes") or {}))
+            elif op == "ping":
+                pass
+            else:
+                raise ParamError(f"unknown control op {op!r}")
+            reply["params"] = dict(self.ts_policy.params)
+        except (ParamError, KeyError, TypeError, ValueError) as exc:
+            reply["ok"] = False
+            reply["error"] = str(exc)
+        self.ts_sink.emit(reply)
+
+    def shutdown(self) -> None:
+        self.ts_sink.close()
+        if self.ts_inbox is not None:
+            self.ts_inbox.close()
+        super().shutdown()  # type: ignore[misc]
+
+
+def _mode(pre_tok: int, dec_tok: int) -> StepMode:
+    if pre_tok and dec_tok:
+        return StepMode.MIXED
+    if pre_tok:
+        return StepMode.PREFILL
+    return StepMode.DECODE if dec_tok else StepMode.IDLE
+
+
+class PolicyScheduler(PolicySchedulerMixin, Scheduler):  # type: ignore[misc]
+    """vLLM's ``Scheduler`` with a trackside policy (``async_scheduling=False``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ts_setup()
+
+
+class PolicyAsyncScheduler(PolicySchedulerMixin, AsyncScheduler):  # type: ignore[misc]
+    """vLLM's ``AsyncScheduler`` with a trackside policy (the default, ``async_scheduling=True``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ts_setup()
+
+
+SCHEDULER_PATHS = {
+    False: f"{__name__}.PolicyScheduler",
+    True: f"{__name__}.PolicyAsyncScheduler",
+}
+"""Dotted paths for ``scheduler_cls`` by ``async_scheduling`` (vLLM resolves them in the engine-core process)."""
+
+__all__ = ["SCHEDULER_PATHS", "PolicyAsyncScheduler", "PolicyScheduler", "PolicySchedulerMixin"]

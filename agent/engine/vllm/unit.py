@@ -1,0 +1,309 @@
+"""A vLLM engine as a trackside unit: one ``AsyncLLM`` (its engine core in a process of its own) per unit.
+
+The agent side of a unit submits requests (token-id prompts; per-request SLOs and the agent's arrival time in
+``SamplingParams.extra_args``), times every request's first and last token from the streamed outputs, and
+reads the step records our scheduler (:mod:`agent.engine.vllm.scheduler`) pushes out of the engine-core
+process. :meth:`VllmUnit.load` turns the last record plus what the front end knows (requests submitted and
+not finished) into the :class:`~policies.types.UnitLoad` a dispatcher sees.
+
+``plain=True`` runs vLLM's own scheduler untouched (the baseline of the validation); it has no step records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.vllm.channel import ControlSender
+from agent.engine.vllm.config import KEY, UnitSettings
+from agent.engine.vllm.sampling import Sampling, TokenDelta
+from policies.types import StepMode, UnitLoad
+
+_decode = __import__("msgspec").msgpack.Decoder().decode
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """How to start the vLLM engine of a unit (``vllm.AsyncEngineArgs`` fields we set)."""
+
+    model: str
+    load_format: str = "auto"
+    """``dummy``: random weights from a folder with only ``config.json`` (real kernels, real step times)."""
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 512
+    max_model_len: int = 16384
+    enforce_eager: bool = False
+    async_scheduling: bool = True
+    enable_prefix_caching: bool = True
+    attention_backend: str | None = None
+    plain: bool = False
+    """vLLM's own scheduler, no trackside policy (a baseline)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further ``AsyncEngineArgs`` fields."""
+
+
+def sampling_params(max_tokens: int, sampling: Sampling | None = None,
+                    extra_args: dict[str, Any] | None = None) -> Any:
+    """The ``vllm.SamplingParams`` of a request; raises ``ValueError`` (vLLM's validation) for bad values."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    s = sampling or Sampling()
+    optional = {
+        name: getattr(s, name)
+        for name in ("temperature", "top_p", "top_k", "seed", "min_tokens", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty")
+        if getattr(s, name) is not None
+    }
+    if s.stop_token_ids:
+        optional["stop_token_ids"] = list(s.stop_token_ids)
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=s.ignore_eos, detokenize=s.detokenize,
+                          output_kind=RequestOutputKind.DELTA, extra_args=extra_args, **optional)
+
+
+@dataclass(slots=True)
+class _Live:
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    ttft_slo_s: float
+    tpot_slo_s: float
+    submitted_s: float
+    sampling: Sampling | None = None
+    on_output: Callable[[TokenDelta], None] | None = None
+    first_token_s: float | None = None
+    outputs: int = 0
+
+
+def record_from(msg: dict[str, Any]) -> StepRecord:
+    """A step record from the scheduler's message (:mod:`agent.engine.vllm.scheduler`)."""
+    return StepRecord(
+        unit_id=int(msg["unit_id"]), step_index=int(msg["step_index"]), start_s=float(msg["start_s"]),
+        duration_s=float(msg["duration_s"]), predicted_s=float(msg["predicted_s"]), mode=StepMode(msg["mode"]),
+        policy=str(msg["policy"]), num_prefill_tokens=int(msg["num_prefill_tokens"]),
+        num_decode_tokens=int(msg["num_decode_tokens"]), num_prefill_reqs=int(msg["num_prefill_reqs"]),
+        num_decode_reqs=int(msg["num_decode_reqs"]), context_tokens=int(msg["context_tokens"]),
+        token_budget=int(msg["token_budget"]), kv_used_blocks=int(msg["kv_used_blocks"]),
+        num_blocks=int(msg["num_blocks"]), num_running=int(msg["num_running"]), num_waiting=int(msg["num_waiting"]),
+        num_preempted=int(msg["num_preempted"]), num_finished=int(msg["num_finished"]),
+        reasons=dict(msg.get("reasons") or {}),
+    )
+
+
+class VllmUnit:
+    """One vLLM engine driven from the agent's event loop."""
+
+    def __init__(self, unit_id: int, options: EngineOptions, settings: UnitSettings | None = None, *,
+                 vllm_config: Any = None, executor_class: Any = None, ipc_dir: str | None = None) -> None:
+        self.unit_id = unit_id
+        self.options = options
+        self._ipc = ipc_dir or tempfile.mkdtemp(prefix="trackside-vllm-")
+        tag = uuid.uuid4().hex[:8]
+        self.step_addr = f"ipc://{os.path.join(self._ipc, f'steps-{unit_id}-{tag}')}"
+        self.control_addr = f"ipc://{os.path.join(self._ipc, f'control-{unit_id}-{tag}')}"
+        base = settings or UnitSettings()
+        self.settings = UnitSettings(**{**{k: getattr(base, k) for k in base.__dataclass_fields__},
+                                        "unit_id": unit_id, "step_addr": self.step_addr,
+                                        "control_addr": self.control_addr})
+        self._vllm_config = vllm_config
+        self._executor_class = executor_class
+        self.llm: Any = None
+        self._ctx = zmq.asyncio.Context()
+        self._steps_sock: Any = None
+        self._control: ControlSender | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.records: list[StepRecord] = []
+        self.raw: list[dict[str, Any]] = []
+        """Every step message as received (with the scheduler's extra fields: plan time, PAB...)."""
+        self.last: dict[str, Any] | None = None
+        self.live: dict[str, _Live] = {}
+        self.outcomes: list[RequestOutcome] = []
+        self.control_replies: dict[Any, dict[str, Any]] = {}
+        self.on_step: Callable[[VllmUnit, StepRecord], None] | None = None
+        self.on_finish: Callable[[VllmUnit, RequestOutcome], None] | None = None
+        self.submitted_prompt_since_record = 0
+        self._step_time_sum = 0.0
+        self.num_blocks = 0
+        self.block_size = 16
+
+    # -- life cycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine (blocks until vLLM is ready: model load, KV profiling, graph capture)."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from agent.engine.vllm.scheduler import SCHEDULER_PATHS
+
+        if not self.options.plain:
+            self._steps_sock = self._ctx.socket(zmq.PULL)
+            self._steps_sock.setsockopt(zmq.LINGER, 0)
+            self._steps_sock.bind(self.step_addr)
+        if self._vllm_config is not None:
+            config = self._vllm_config
+            if not self.options.plain:
+                config.scheduler_config.scheduler_cls = SCHEDULER_PATHS[bool(config.scheduler_config.async_scheduling)]
+                config.additional_config[KEY] = self.settings.as_config()
+            self.llm = AsyncLLM(vllm_config=config, executor_class=self._executor_class, log_stats=False)
+        else:
+            o = self.options
+            kwargs: dict[str, Any] = dict(
+                model=o.model, load_format=o.load_format, gpu_memory_utilization=o.gpu_memory_utilization,
+                max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
+                max_model_len=o.max_model_len, enforce_eager=o.enforce_eager, async_scheduling=o.async_scheduling,
+                enable_prefix_caching=o.enable_prefix_caching, skip_tokenizer_init=True, disable_log_stats=True,
+            )
+            if o.attention_backend:
+                kwargs["attention_backend"] = o.attention_backend
+            if not o.plain:
+                kwargs["scheduler_cls"] = SCHEDULER_PATHS[o.async_scheduling]
+                kwargs["additional_config"] = {KEY: self.settings.as_config()}
+            kwargs.update(o.extra)
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        cfg = self.llm.vllm_config
+        self.block_size = int(cfg.cache_config.block_size)
+        self.num_blocks = max(1, int(cfg.cache_config.num_gpu_blocks or 1) - 1)
+        if not self.options.plain:
+            self._control = ControlSender(self.control_addr)
+            self._reader = asyncio.get_running_loop().create_task(self._read_steps())
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+        if self._control is not None:
+            self._control.close()
+        if self._steps_sock is not None:
+            self._steps_sock.close()
+        self._ctx.term()
+
+    async def _read_steps(self) -> None:
+        sock = self._steps_sock
+        while True:
+            msg = _decode(await sock.recv())
+            kind = msg.get("kind")
+            if kind == "step":
+                rec = record_from(msg)
+                self.raw.append(msg)
+                self.records.append(rec)
+                self.last = msg
+                self._step_time_sum += rec.duration_s
+                self.submitted_prompt_since_record = 0
+                if self.on_step is not None:
+                    self.on_step(self, rec)
+            elif kind == "control":
+                self.control_replies[msg.get("id")] = msg
+
+    # -- control ----------------------------------------------------------------------------------
+    async def control(self, message: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+        """Send a control message; applied at the top of the engine's next ``schedule()``. Returns the reply.
+
+        An idle engine does not schedule: the reply then comes with the next request.
+        """
+        mid = self.send_control(message)
+        deadline = time.monotonic() + timeout_s
+        while mid not in self.control_replies:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"unit {self.unit_id}: no reply to {message.get('op')}")
+            await asyncio.sleep(0.005)
+        return self.control_replies.pop(mid)
+
+    def send_control(self, message: dict[str, Any]) -> str:
+        """Send a control message without waiting; its reply lands in :attr:`control_replies` under the id."""
+        if self._control is None:
+            raise RuntimeError("a plain vLLM unit takes no control messages")
+        mid = uuid.uuid4().hex
+        self._control.send({**message, "id": mid})
+        return mid
+
+    # -- requests ---------------------------------------------------------------------------------
+    def submit(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, *, arrival_s: float,
+               ttft_slo_s: float, tpot_slo_s: float, sampling: Sampling | None = None,
+               on_output: Callable[[TokenDelta], None] | None = None) -> asyncio.Task[RequestOutcome]:
+        """Start a request; the task ends with its outcome (the unit also keeps it in :attr:`outcomes`).
+
+        ``on_output`` sees every output that adds tokens or finishes the request, in order. Cancelling the task
+        aborts the request in vLLM (which frees its KV blocks); an aborted request has no outcome.
+        """
+        now = time.time()
+        live = self.live[request_id] = _Live(arrival_s, len(prompt_token_ids), max_tokens, ttft_slo_s, tpot_slo_s,
+                                             now, sampling, on_output)
+        self.submitted_prompt_since_record += len(prompt_token_ids)
+        task = asyncio.get_running_loop().create_task(self._run(request_id, prompt_token_ids))
+        # A task cancelled before it ran never reaches _run's cleanup.
+        task.add_done_callback(lambda _: self.live.pop(request_id) if self.live.get(request_id) is live else None)
+        return task
+
+    async def _run(self, request_id: str, prompt_token_ids: list[int]) -> RequestOutcome:
+        from vllm import TokensPrompt
+
+        live = self.live[request_id]
+        params = sampling_params(
+            live.max_tokens, live.sampling,
+            {"ttft_slo_s": live.ttft_slo_s, "tpot_slo_s": live.tpot_slo_s, "arrival_s": live.arrival_s},
+        )
+        finish = None
+        on_output = live.on_output
+        try:
+            # Read to the end: leaving generate() early (break) makes vLLM abort the finished request.
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
+                first = out.outputs[0] if out.outputs else None
+                n = len(first.token_ids) if first is not None else 0
+                if n:
+                    t = time.time()
+                    if live.first_token_s is None:
+                        live.first_token_s = t
+                    live.outputs += n
+                    finish = t
+                if on_output is not None and first is not None and (n or out.finished):
+                    on_output(TokenDelta(tuple(first.token_ids), first.text or "",
+                                         first.finish_reason if out.finished else None, first.stop_reason))
+        finally:
+            self.live.pop(request_id, None)
+        first = live.first_token_s if live.first_token_s is not None else time.time()
+        outcome = RequestOutcome(
+            request_id=request_id, unit_id=self.unit_id, arrival_s=live.arrival_s, first_token_s=first,
+            finish_s=finish if finish is not None else first, prompt_tokens=live.prompt_tokens,
+            output_tokens=live.outputs, num_preemptions=0, ttft_slo_s=live.ttft_slo_s, tpot_slo_s=live.tpot_slo_s,
+        )
+        self.outcomes.append(outcome)
+        if self.on_finish is not None:
+            self.on_finish(self, outcome)
+        return outcome
+
+    # -- load -------------------------------------------------------------------------------------
+    def load(self, healthy: bool = True) -> UnitLoad:
+        """What a dispatcher sees: the last step record, corrected by what the front end knows since."""
+        resident = len(self.live)
+        last = self.last or {}
+        running = min(int(last.get("num_running", 0)), resident)
+        used = int(last.get("kv_used_blocks", 0))
+        steps = len(self.records)
+        queued = int(last.get("queued_prefill_tokens", 0)) + self.submitted_prompt_since_record
+        # An idle engine does not step, so its last PAB is stale (it was measured under load): report none, which
+        # a budget balancer treats as an idle unit's (unbounded). Seen on the H100: `pab` sent 2,996 of 3,000
+        # requests to the unit that kept stepping.
+        pab = last.get("admission_budget") if resident else None
+        return UnitLoad(
+            unit_id=self.unit_id, healthy=healthy, num_running=running, num_waiting=resident - running,
+            kv_used_blocks=used, num_blocks=self.num_blocks, kv_tokens=used * self.block_size,
+            queued_prefill_tokens=queued,
+            last_step_s=float(last["duration_s"]) if "duration_s" in last else None,
+            mean_step_s=self._step_time_sum / steps if steps else None,
+            prefill_admission_budget=None if pab is None else float(pab) - self.submitted_prompt_since_record,
+            max_num_seqs=self.options.max_num_seqs, steps_done=steps, busy=resident > 0,
+            inflight_tokens=int(last.get("num_prefill_tokens", 0)) + int(last.get("num_decode_tokens", 0)),
+            chunk_tokens=self.options.max_num_batched_tokens, block_size=self.block_size,
+        )

@@ -1,0 +1,189 @@
+"""The trackside scheduler inside real vLLM 0.26.0 schedulers (CPU, fake model outputs).
+
+* Under the ``vllm`` policy the enforced plan is exactly vLLM's own schedule, step by step (same tokens per
+  request, same admissions, same preemptions), sync and async, on randomized request streams.
+* Every other policy's plan is enforced: the scheduled tokens are the plan's, budgets hold, held-back decodes
+  stay running without being preempted, exclusive steps have one kind of work, chunk caps hold.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from agent.engine.vllm.config import KEY, UnitSettings, unit_settings
+from agent.engine.vllm.scheduler import PolicyAsyncScheduler, PolicyScheduler
+from policies.types import StepPlan
+from tests.vllm_harness import Arrival, Shape, drive, make_scheduler, random_stream
+
+pytestmark = pytest.mark.vllm
+
+
+def _ours(shape: Shape, policy: str = "vllm", params: dict[str, object] | None = None) -> Scheduler:
+    cls = PolicyAsyncScheduler if shape.async_scheduling else PolicyScheduler
+    return make_scheduler(cls, shape, {KEY: UnitSettings(policy=policy, params=params or {}).as_config()})
+
+
+def _theirs(shape: Shape) -> Scheduler:
+    return make_scheduler(AsyncScheduler if shape.async_scheduling else Scheduler, shape)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_vllm_policy_reproduces_vllm_step_by_step(async_scheduling: bool, seed: int) -> None:
+    # Half the seeds with a KV cache small enough to preempt.
+    shape = Shape(async_scheduling=async_scheduling, num_blocks=60 if seed % 2 else 200)
+    stream = random_stream(seed)
+    lag = int(async_scheduling)
+    theirs = drive(_theirs(shape), stream, lag=lag)
+    ours = drive(_ours(shape), stream, lag=lag)
+    assert len(ours) == len(theirs)
+    for i, (a, b) in enumerate(zip(theirs, ours, strict=True)):
+        assert a == b, f"step {i} differs"
+    if seed % 2:
+        assert any(t.preempted for t in theirs), "the small cache should preempt"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    budget=st.sampled_from([64, 128, 512]),
+    seqs=st.integers(2, 24),
+    blocks=st.integers(40, 300),
+    threshold=st.sampled_from([0, 48]),
+    async_scheduling=st.booleans(),
+)
+def test_vllm_policy_equality_property(seed: int, budget: int, seqs: int, blocks: int, threshold: int,
+                                       async_scheduling: bool) -> None:
+    shape = Shape(max_num_batched_tokens=budget, max_num_seqs=seqs, num_blocks=blocks,
+                  async_scheduling=async_scheduling, long_prefill_token_threshold=threshold)
+    stream = random_stream(seed, n=25, steps=20, max_prompt=500, max_out=30)
+    lag = int(async_scheduling)
+    params = {"long_prefill_token_threshold": threshold}
+    assert drive(_ours(shape, params=params), stream, lag=lag) == drive(_theirs(shape), stream, lag=lag)
+
+
+class _Recorder:
+    """Wraps a scheduler's policy to capture each plan next to what vLLM scheduled."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.plans: list[StepPlan] = []
+        inner = sched.ts_policy.plan
+
+        def plan(view, now):  # type: ignore[no-untyped-def]
+            p = inner(view, now)
+            self.plans.append(p)
+            return p
+
+        sched.ts_policy.plan = plan  # type: ignore[method-assign]
+
+
+POLICIES = [
+    ("sarathi", {"token_budget": 128}),
+    ("fairbatching", {}),
+    ("eb", {}),
+    ("eb+", {}),
+    ("static", {}),
+]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize(("policy", "params"), POLICIES, ids=[p for p, _ in POLICIES])
+def test_plans_are_enforced(policy: str, params: dict[str, object], async_scheduling: bool) -> None:
+    # KV never binds here (4,000 blocks): vLLM may refuse an admission the policy's KV estimate allowed, which is
+    # vLLM's check and not the plan's enforcement.
+    shape = Shape(max_num_batched_tokens=512, max_num_seqs=16, num_blocks=4000, async_scheduling=async_scheduling)
+    sched = _ours(shape, policy, params)
+    rec = _Recorder(sched)
+    stream = [Arrival(a.step, a.request_id, a.prompt_tokens, a.max_tokens,
+                      {"ttft_slo_s": 0.5, "tpot_slo_s": 0.05}) for a in random_stream(3, n=30, max_prompt=900)]
+    trace = drive(sched, stream, lag=int(async_scheduling))
+    assert len(rec.plans) == len(trace)
+    checked = 0
+    for plan, step in zip(rec.plans, trace, strict=True):
+        planned = dict(plan.entries)
+        # vLLM never schedules a request the plan left out, nor more tokens than planned.
+        assert set(step.scheduled) <= set(planned), (plan, step)
+        for rid, n in step.scheduled.items():
+            assert 0 < n <= planned[rid]
+        assert sum(step.scheduled.values()) <= plan.token_budget
+        assert step.scheduled == dict(plan.entries), (plan, step)
+        assert not step.preempted
+        checked += 1
+    assert checked == len(trace)
+    assert not sched.has_requests()
+
+
+def test_held_back_requests_stay_running() -> None:
+    """A plan that leaves a running decode out of a step does not preempt it (it keeps its KV)."""
+    shape = Shape(max_num_batched_tokens=256, num_blocks=400)
+    sched = _ours(shape, "vllm")
+    inner = sched.ts_policy.plan
+    held: list[str] = []
+
+    def plan(view, now):  # type: ignore[no-untyped-def]
+        p = inner(view, now)
+        decodes = [r.request_id for r in view.running if r.is_decode]
+        if view.step_index % 2 and decodes:
+            held.append(decodes[0])
+            entries = tuple(e for e in p.entries if e.request_id != decodes[0])
+            return StepPlan(entries, p.running_order, p.mode, p.token_budget, p.reasons)
+        return p
+
+    sched.ts_policy.plan = plan  # type: ignore[method-assign]
+    before: dict[str, int] = {}
+
+    def check(step: int) -> None:
+        for rid in held[len(before):]:
+            before[rid] = step
+        for rid in before:
+            req = sched.requests.get(rid)
+            if req is not None:
+                assert req.num_preemptions == 0
+
+    trace = drive(sched, random_stream(5, n=12, max_prompt=100, max_out=30), before_step=check)
+    assert held, "some decode was held back"
+    for rid in held:
+        assert any(rid in t.finished for t in trace) or rid not in sched.requests
+
+
+def test_step_records_and_control_in_memory() -> None:
+    shape = Shape(max_num_batched_tokens=256, num_blocks=400)
+    sched = _ours(shape, "vllm")
+    trace = drive(sched, random_stream(1, n=10, max_prompt=300, max_out=10))
+    records = [r for r in sched.ts_sink.records if r["kind"] == "step"]
+    assert len(records) == sum(1 for t in trace if t.scheduled)
+    assert [r["step_index"] for r in records] == list(range(1, len(records) + 1))
+    for r, t in zip(records, [t for t in trace if t.scheduled], strict=True):
+        assert r["num_prefill_tokens"] + r["num_decode_tokens"] == sum(t.scheduled.values())
+        assert r["num_prefill_reqs"] + r["num_decode_reqs"] == len(t.scheduled)
+        assert r["duration_s"] > 0 and r["predicted_s"] > 0
+        assert 0 <= r["kv_used_blocks"] <= r["num_blocks"] == 399
+    # control: swap the policy and change a parameter between steps
+    sched._ts_control({"op": "set_policy", "name": "sarathi", "params": {"token_budget": 64}, "id": 1})
+    sched._ts_control({"op": "set_params", "changes": {"token_budget": 32}, "id": 2})
+    sched._ts_control({"op": "set_params", "changes": {"no_such": 1}, "id": 3})
+    sched._ts_control({"op": "set_policy", "name": "nope", "id": 4})
+    replies = {r["id"]: r for r in sched.ts_sink.records if r["kind"] == "control"}
+    assert replies[1]["ok"] and replies[1]["policy"] == "sarathi"
+    assert replies[2]["ok"] and replies[2]["old"] == {"token_budget": 64} and replies[2]["params"]["token_budget"] == 32
+    assert not replies[3]["ok"] and "no_such" in replies[3]["error"]
+    assert not replies[4]["ok"] and "unknown batch policy" in replies[4]["error"]
+    assert sched.ts_policy.name == "sarathi"
+
+
+def test_settings_round_trip_and_errors() -> None:
+    s = UnitSettings(unit_id=3, policy="fairbatching", params={"a": 1}, coefficients=(0.01, 2e-5, 4e-8))
+    assert unit_settings({KEY: s.as_config()}) == s
+    assert unit_settings(None) == UnitSettings()
+    with pytest.raises(ValueError, match="unknown trackside settings"):
+        unit_settings({KEY: {"polcy": "vllm"}})
+    with pytest.raises(ValueError, match="coefficients"):
+        unit_settings({KEY: {"coefficients": [1, 2]}})
