@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm_harness import Arrival, Shape, drive, make_scheduler, random_stream
 
 from agent.engine.vllm.config import KEY, UnitSettings, unit_settings
 from agent.engine.vllm.scheduler import PolicyAsyncScheduler, PolicyScheduler
 from policies.types import StepPlan
-from tests.vllm_harness import Arrival, Shape, drive, make_scheduler, random_stream
 
 pytestmark = pytest.mark.vllm
 

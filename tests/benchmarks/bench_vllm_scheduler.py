@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm_harness import Arrival, Shape, fake_output, make_request, make_scheduler
 
 from agent.engine.vllm.config import KEY, UnitSettings
 from agent.engine.vllm.scheduler import PolicyScheduler
-from tests.vllm_harness import Arrival, Shape, fake_output, make_request, make_scheduler
 
 
 def per_step_us(sched: Scheduler, running: int, waiting: int, steps: int) -> float:
