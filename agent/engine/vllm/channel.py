@@ -4,7 +4,8 @@ vLLM drops extra fields of its own stats types on the way to the front end, so t
 agent over zmq (a vLLM dependency) with msgpack frames:
 
 * out: the scheduler PUSHes one dict per step (``kind="step"``) and one per control reply
-  (``kind="control"``) to ``step_addr``, where the agent's :class:`StepReceiver` binds a PULL socket;
+  (``kind="control"``) to ``step_addr``, where the agent's unit (:mod:`agent.engine.vllm.unit`) binds an
+  asyncio PULL socket;
 * in: the scheduler binds a PULL socket on ``control_addr`` and polls it (never blocking) at the top of every
   ``schedule()``; the agent connects a PUSH socket (:class:`ControlSender`).
 
@@ -102,28 +103,6 @@ class ControlInbox:
                 continue
             if isinstance(message, dict):
                 out.append(message)
-
-    def close(self) -> None:
-        self._sock.close()
-
-
-class StepReceiver:
-    """The agent's end of the step channel (binds; the engine-core process connects)."""
-
-    def __init__(self, addr: str, ctx: Any = None) -> None:
-        self._sock: Any = (ctx or zmq.Context.instance()).socket(zmq.PULL)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(addr)
-        self.socket = self._sock
-
-    def recv_nowait(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        while True:
-            try:
-                frame = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return out
-            out.append(_decode(frame))
 
     def close(self) -> None:
         self._sock.close()
