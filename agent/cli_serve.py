@@ -1,6 +1,7 @@
 """``trackside agent``, ``trackside ctl`` and ``trackside record``: the live agent, its control, its recorder.
 
-``agent`` runs simulated units live (wall clock, ``--speed`` times real time) behind the websocket server;
+``agent`` runs simulated units live (wall clock, ``--speed`` times real time) behind the websocket server, or
+(``--engine vllm``) vLLM engines, optionally behind an OpenAI-compatible intake (``agent.engine.vllm.launch``);
 ``ctl`` sends one control request and prints the reply (exit 2 with one line on an error reply, 1 when the
 agent cannot be reached); ``record`` subscribes to agents and writes their events through
 ``store.writer.StoreWriter``, resuming each agent where the store stops.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
+import json
 import logging
 import math
 import signal
@@ -66,19 +69,31 @@ class ServeError(Exception):
 
 def add_serve_commands(sub: Any) -> None:
     """Add ``agent``, ``ctl`` and ``record`` to the ``trackside`` subparsers."""
-    agent = sub.add_parser("agent", help="run simulated units live behind the websocket server",
-                           description="Run a node live (wall clock) and serve its telemetry, control and "
-                           "/metrics on a websocket. Stops on SIGINT/SIGTERM or when the workload ends.")
-    src = agent.add_mutually_exclusive_group(required=True)
+    agent = sub.add_parser(
+        "agent", help="run simulated units or vLLM engines live behind the websocket server",
+        description="Run a node live (wall clock) and serve its telemetry, control and /metrics on a websocket. "
+        "--engine sim (default) replays a workload through simulated units; --engine vllm runs vLLM engines as "
+        "units (their steps scheduled by the batch policy, requests placed by the dispatch policy) and serves "
+        "them over the OpenAI API (--serve-openai), replays a workload, or both: the same telemetry and "
+        "control as simulated units. Stops on SIGINT/SIGTERM, or when the workload ends (without "
+        "--serve-openai).",
+        epilog="Example: trackside agent --engine vllm --model /models/Llama-3.1-8B-Instruct --units 2 "
+        "--gpu-memory-utilization 0.45 --batch-policy fairbatching --dispatch sbs --serve-openai 127.0.0.1:8000. "
+        "On a CPU: trackside agent --engine vllm --fake-executor --units 2 --serve-openai 127.0.0.1:8000.",
+    )
+    agent.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                       help="sim: simulated units (default); vllm: vLLM engines (needs the vllm extra)")
+    src = agent.add_mutually_exclusive_group()
     src.add_argument("--workload", metavar="SPEC", help="synthetic workload NAME[:key=value,...]")
     src.add_argument("--trace", type=Path, help="trace file (Azure CSV or trackside JSONL)")
-    agent.add_argument("--units", type=int, default=4, help="simulated DP units (default 4)")
+    agent.add_argument("--units", type=int, help="DP units (default 4 simulated, 1 vLLM engine)")
     agent.add_argument("--batch-policy", default="vllm", help="per-step batch policy (default vllm)")
     agent.add_argument("--dispatch", default="least_loaded", help="dispatch policy (default least_loaded)")
     agent.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                        help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy")
-    agent.add_argument("--profile", default="h100-llama31-8b",
-                       help="calibration profile (default h100-llama31-8b), or a file from `trackside calibrate`")
+    agent.add_argument("--profile",
+                       help="calibration profile (default h100-llama31-8b), or a file from `trackside calibrate`; "
+                       "for vLLM engines the policies' prior step model (default: the scheduler's)")
     agent.add_argument("--seed", type=int, default=0, help="random seed of the synthetic workload")
     agent.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
     agent.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
@@ -97,6 +112,7 @@ def add_serve_commands(sub: Any) -> None:
                        help="node time between slack samples of the running requests (default 250, 0: off)")
     agent.add_argument("--tls-cert", type=Path)
     agent.add_argument("--tls-key", type=Path)
+    add_vllm_options(agent)
 
     ctl = sub.add_parser("ctl", help="send one control request to an agent and print the reply")
     ctl.add_argument("uri", help="ws://HOST:PORT")
@@ -129,12 +145,35 @@ def add_serve_commands(sub: Any) -> None:
                      "and then every tenth of it, at most an hour apart (default: keep everything)")
 
 
+def add_vllm_options(agent: Any) -> None:
+    """The ``--engine vllm`` options of ``trackside agent``."""
+    v = agent.add_argument_group("vLLM engines (--engine vllm)")
+    v.add_argument("--model", metavar="DIR", help="model folder (with config.json) or Hugging Face name")
+    v.add_argument("--load-format", default="auto", help="vLLM's load format; dummy: random weights (default auto)")
+    v.add_argument("--fake-executor", action="store_true",
+                   help="CPU: a tiny built-in model on an executor that runs no model (no GPU, no weights)")
+    v.add_argument("--serve-openai", metavar="HOST:PORT",
+                   help="serve the OpenAI completions API there (HOST defaults to 127.0.0.1; port 0: any free one)")
+    v.add_argument("--served-model-name", help="the model id OpenAI clients name (default: --model)")
+    v.add_argument("--tokenizer", action="store_true",
+                   help="load the model's tokenizer: text prompts and text back (default: token ids only)")
+    v.add_argument("--gpu-memory-utilization", type=float, metavar="SHARE",
+                   help="GPU memory share of each unit (default 0.9 divided by --units)")
+    v.add_argument("--max-num-batched-tokens", type=int, help="largest step in tokens (default 8192; fake 2048)")
+    v.add_argument("--max-num-seqs", type=int, help="running requests per unit at most (default 512; fake 64)")
+    v.add_argument("--max-model-len", type=int,
+                   help="context length (default the model's, at most 16384; fake 4096)")
+    v.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (starts faster, steps slower)")
+    v.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM's async scheduling (default on)")
+
+
 # -- agent --------------------------------------------------------------------------------------------------
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
-        raise ServeError(f"--listen takes HOST:PORT, not {text!r}")
-    return host or "127.0.0.1", int(port)
+        raise ServeError(f"{flag} takes HOST:PORT, not {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
@@ -145,13 +184,30 @@ def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
     return build_node(config, profile, runnable, batch_params, dispatch_params)
 
 
+VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
+             "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager")
+SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "migration": "live", "speed": 1.0}
+
+
 def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
-    if args.units < 1 or args.speed <= 0:
+    if (args.units is not None and args.units < 1) or args.speed <= 0:
         raise ServeError("--units must be >= 1 and --speed > 0")
     if not args.slack_sample_ms >= 0:
         raise ServeError("--slack-sample-ms must be >= 0 (0: no slack samples)")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ServeError("--tls-cert and --tls-key go together")
+    if args.engine == "vllm":
+        return cmd_agent_vllm(args)
+    given = [name for name in VLLM_ONLY if getattr(args, name) not in (None, False)]
+    if args.load_format != "auto":
+        given.append("load_format")
+    if given or not args.async_scheduling:
+        flag = "--" + (given[0] if given else "no_async_scheduling").replace("_", "-")
+        raise ServeError(f"{flag} applies to --engine vllm")
+    if args.workload is None and args.trace is None:
+        raise ServeError("simulated units replay a workload: give --workload SPEC or --trace FILE")
+    args.units = 4 if args.units is None else args.units
+    args.profile = args.profile or "h100-llama31-8b"
     host, port = parse_listen(args.listen)
     token = read_token(args.token_file)
     requests = (load_trace(args.trace) if args.trace is not None else parse_workload(args.workload, seed=args.seed))
@@ -170,30 +226,115 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
     if not token:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
     try:
-        return asyncio.run(_serve(hub, host, port, args.speed, tls))
+        return asyncio.run(_serve(hub, node, host, port, args.speed, tls))
     except OSError as exc:  # the port is taken, the address is not ours
         raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-async def _serve(hub: Hub, host: str, port: int, speed: float, tls: Any) -> int:
+async def _serve(hub: Hub, node: Node, host: str, port: int, speed: float, tls: Any) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with AgentServer(hub, host=host, port=port, speed=speed, ssl_context=tls) as server:
-        print(f"trackside agent {hub.node_id}: {server.url} ({len(hub.node.units)} units, "
-              f"{len(hub.node.arrivals)} requests, speed {speed:g})", file=sys.stderr, flush=True)
+        print(f"trackside agent {hub.node_id}: {server.url} ({len(node.units)} units, "
+              f"{len(node.arrivals)} requests, speed {speed:g})", file=sys.stderr, flush=True)
         done = asyncio.create_task(server.workload_done.wait())
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([done, stopped], return_when=asyncio.FIRST_COMPLETED)
         for task in (done, stopped):
             task.cancel()
         await server.drain(2.0)
-        node = hub.node
         print(f"trackside agent: {'workload done' if server.workload_done.is_set() else 'stopped'}: "
               f"{node.num_finished} finished, {node.num_rejected} refused, {len(node.unfinished())} in flight, "
               f"{hub.sequencer.last_seq} events", file=sys.stderr)
     return 0
+
+
+def cmd_agent_vllm(args: argparse.Namespace) -> int:
+    """``trackside agent --engine vllm``: check what can be checked before any engine starts, then run."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ServeError("--engine vllm needs vLLM: pip install -e '.[vllm]' (vLLM 0.26.0 and torch 2.11.0)")
+    for name, default in SIM_ONLY.items():
+        if getattr(args, name) != default:
+            raise ServeError(f"--{name.replace('_', '-')} applies to simulated units (--engine sim)")
+    if args.fake_executor and args.model:
+        raise ServeError("--fake-executor runs its own tiny model: leave out --model")
+    if args.fake_executor and args.tokenizer:
+        raise ServeError("--fake-executor's model has no tokenizer: leave out --tokenizer")
+    if not args.fake_executor and not args.model:
+        raise ServeError("--engine vllm needs --model DIR (a model folder; with --load-format dummy its config.json "
+                         "is enough) or --fake-executor (CPU, no model)")
+    model_len = 4096 if args.fake_executor else min(16384, model_max_len(args.model) or 16384)
+    units = 1 if args.units is None else args.units
+    share = args.gpu_memory_utilization if args.gpu_memory_utilization is not None else round(0.9 / units, 3)
+    if not 0 < share <= 1:
+        raise ServeError("--gpu-memory-utilization is each unit's share of the GPU memory: in (0, 1]")
+    for flag in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ServeError(f"--{flag.replace('_', '-')} must be >= 1")
+    host, port = parse_listen(args.listen)
+    serve = parse_listen(args.serve_openai, "--serve-openai") if args.serve_openai else None
+    requests: Sequence[RequestSpec] = ()
+    if args.trace is not None:
+        requests = load_trace(args.trace)
+    elif args.workload is not None:
+        requests = parse_workload(args.workload, seed=args.seed)
+    if serve is None and not requests:
+        raise ServeError("--engine vllm serves --serve-openai HOST:PORT, replays --workload/--trace, or both")
+    token = read_token(args.token_file)
+    batch_params, dispatch_params = split_params(parse_assignments(args.param), args.batch_policy, args.dispatch)
+    coefficients = None
+    if args.profile:
+        c = load_profile(args.profile).coefficients
+        coefficients = (c.a_s, c.b_s, c.c_s)
+
+    from agent.engine.vllm.launch import AgentStartError, VllmAgentConfig, run_agent
+    from agent.engine.vllm.unit import EngineOptions
+
+    fake = args.fake_executor
+    options = EngineOptions(
+        model=args.model or "tiny-llama-fake", load_format=args.load_format, gpu_memory_utilization=share,
+        max_num_batched_tokens=args.max_num_batched_tokens or (2048 if fake else 8192),
+        max_num_seqs=args.max_num_seqs or (64 if fake else 512), max_model_len=args.max_model_len or model_len,
+        enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+        extra={"skip_tokenizer_init": False} if args.tokenizer else {},
+    )
+    config = VllmAgentConfig(
+        units=units, batch_policy=args.batch_policy, batch_params=batch_params, dispatch=args.dispatch,
+        dispatch_params=dispatch_params, engine=options, fake_executor=fake, coefficients=coefficients,
+        ttft_slo_s=args.slo_ttft_ms / 1e3, tpot_slo_s=args.slo_tpot_ms / 1e3, serve_openai=serve,
+        served_model_name=args.served_model_name, requests=requests, seed=args.seed,
+    )
+    tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
+    if not token:
+        print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
+    try:
+        return asyncio.run(run_agent(config, node_id=args.node_id, token=token, host=host, port=port, tls=tls,
+                                     replay_events=args.replay_events, slack_sample_ms=args.slack_sample_ms))
+    except AgentStartError as exc:
+        raise ServeError(str(exc)) from None
+    except OSError as exc:  # a port is taken, an address is not ours
+        raise ServeError(f"cannot listen: {exc.strerror or exc}") from None
+
+
+def model_max_len(model: str) -> int | None:
+    """The context length a model folder's ``config.json`` declares (None: not said, or a hub name); raises
+    :class:`ServeError` for a folder without a readable ``config.json``."""
+    path = Path(model)
+    if not path.exists():
+        if model.startswith((".", "/", "~")) or model.count("/") != 1:
+            raise ServeError(f"--model {model}: no such folder (nor a Hugging Face name ORG/NAME)")
+        return None  # a Hugging Face name: vLLM fetches it
+    config = path / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except OSError:
+        raise ServeError(f"--model {model}: no config.json in it (a model folder has one)") from None
+    except ValueError as exc:
+        raise ServeError(f"--model {model}: config.json is not valid JSON: {exc}") from None
+    value = data.get("max_position_embeddings") if isinstance(data, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 # -- ctl ----------------------------------------------------------------------------------------------------

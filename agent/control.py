@@ -8,7 +8,9 @@ The hot-swap contract (POLICIES.md section 5):
   configuration stays.
 * **Between two steps.** The caller runs these methods in the loop that drives :meth:`Node.advance`, so no
   step is being planned; a unit's in-flight step finishes under the plan it was given and its next step
-  asks the new policy (``SimUnit.set_policy``).
+  asks the new policy (``SimUnit.set_policy``). A live vLLM unit receives the change on its control channel
+  and applies it at the top of its next ``schedule()`` (``agent.engine.vllm.live``); the hub waits for its
+  acknowledgement (:meth:`agent.served.LiveNode.settle`) before it answers.
 * **Audited.** Every request, applied, rejected or dry run, yields an :class:`AuditRecord` (who, when in
   wall-clock ns, what, old, new, result, error) passed to ``on_audit``.
 * **Nothing dropped.** Requests live in the units and the node, not in policies: a swap carries every
@@ -23,10 +25,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.node import Node
+from agent.served import ServedNode
 from policies.base import BatchPolicy
 from policies.params import ParamError, ParamValue, resolve_params
 from policies.registry import UnknownPolicyError, make_batch_policy, make_dispatch_policy
@@ -57,13 +59,15 @@ class AuditRecord:
     """``applied``, ``rejected`` or ``dry_run``."""
     error: str | None = None
     error_code: str | None = None
+    note: str | None = None
+    """A remark on an applied change (a live unit that has not acknowledged it yet)."""
 
 
 @dataclass(slots=True)
 class NodeControl:
     """The control plane of one node (no I/O: the agent's server calls it between steps)."""
 
-    node: Node
+    node: ServedNode
     on_audit: Callable[[AuditRecord], None] | None = None
     clock_ns: Callable[[], int] = time.time_ns
     audit_log: list[AuditRecord] = field(default_factory=list)
@@ -83,9 +87,9 @@ class NodeControl:
             })
         return {
             "dispatch_policy": node.dispatcher.name, "dispatch_params": dict(node.dispatcher.params),
-            "now_s": node.now_s, "num_pending": len(node.pending), "num_finished": node.num_finished,
+            "now_s": node.now_s, "num_pending": node.num_pending, "num_finished": node.num_finished,
             "num_rejected": node.num_rejected, "num_refused": node.num_refused,
-            "num_arrived": len(node.states), "units": units,
+            "num_arrived": node.num_arrived, "units": units,
         }
 
     # -- writes ---------------------------------------------------------------------------------------
@@ -131,6 +135,7 @@ class NodeControl:
     ) -> AuditRecord:
         """Change live parameters of the batch policies of ``units`` (or of the dispatcher, ``target="dispatch"``)."""
         changes = dict(changes)
+        indexes: list[int] = []
         try:
             if target == "dispatch":
                 policies: list[Any] = [self.node.dispatcher]
@@ -155,8 +160,10 @@ class NodeControl:
         keys = [str(uid) for uid in unit_ids] if unit_ids else ["dispatch"]
         old = {key: {n: p.params[n] for n in changes} for key, p in zip(keys, policies, strict=True)}
         if not dry_run:
-            for policy in policies:
-                policy.update_params(changes)
+            if target == "dispatch":
+                self.node.dispatcher.update_params(changes)
+            for index in indexes:
+                self.node.units[index].set_policy_params(changes)
         return self._record("set_params", who, unit_ids, old, changes, None, dry_run)
 
     def set_unit_mode(self, unit_id: int, mode: str, *, who: str = "unknown") -> AuditRecord:
@@ -168,6 +175,17 @@ class NodeControl:
         except (ValueError, ControlError) as exc:
             return self._record("set_unit_mode", who, (unit_id,), {}, {"mode": mode}, exc)
         return self._record("set_unit_mode", who, (unit_id,), {"mode": old}, {"mode": mode}, None)
+
+    def amend(self, record: AuditRecord, *, result: str | None = None, error: str | None = None,
+              error_code: str | None = None, note: str | None = None) -> AuditRecord:
+        """``record`` as it turned out once a live node's units answered: the audit log keeps the amended one."""
+        amended = replace(record, result=result or record.result, error=error or record.error,
+                          error_code=error_code or record.error_code, note=note or record.note)
+        for i in range(len(self.audit_log) - 1, -1, -1):
+            if self.audit_log[i] is record:
+                self.audit_log[i] = amended
+                break
+        return amended
 
     # -- helpers --------------------------------------------------------------------------------------
     def _indexes(self, units: Sequence[int] | None) -> list[int]:

@@ -2,9 +2,10 @@
 
 The hub turns the node's records into protocol events (through ``agent.wire``), numbers them, keeps them for
 resumes and offers them to every subscription; it answers control requests (token checked, executed with
-:class:`~agent.control.NodeControl`, audited on the stream). It does no I/O and never awaits: the asyncio
-server (``agent.server``) calls it from the loop that also drives the node, so every control action runs
-between two steps.
+:class:`~agent.control.NodeControl`, audited on the stream). It does no I/O: the asyncio server
+(``agent.server``) calls it from the loop that also drives the node, so every control action runs between two
+steps. The node is any :class:`~agent.served.ServedNode`: the simulated node, or a live one (vLLM units), whose
+control changes the hub confirms with the units before it answers (:meth:`Hub.handle_async`, the only await).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from agent.control import AuditRecord, NodeControl
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.metrics import NodeMetrics, render
-from agent.node import MigrationRecord, Node, RequestEventKind, RequestState
+from agent.node import MigrationRecord, RequestEventKind, RequestState
 from agent.protocol import (
     Alert,
     AlertCode,
@@ -51,6 +52,7 @@ from agent.protocol import (
     Subscribed,
     UnitStatus,
 )
+from agent.served import LiveNode, ServedNode, Settled
 from agent.wire import (
     NodeOrigin,
     ReplayBuffer,
@@ -79,7 +81,7 @@ class Hub:
 
     def __init__(
         self,
-        node: Node,
+        node: ServedNode,
         *,
         node_id: str,
         profile: str,
@@ -90,6 +92,8 @@ class Hub:
         slack_sample_ms: float = 250.0,
         slack_max_requests: int = 64,
         unit_load_min_interval_ms: float = 0.0,
+        boot_ns: int | None = None,
+        settle_timeout_s: float = 10.0,
     ) -> None:
         if not (slack_sample_ms >= 0 and unit_load_min_interval_ms >= 0 and slack_max_requests >= 1):
             raise ValueError("slack_sample_ms and unit_load_min_interval_ms must be >= 0, slack_max_requests >= 1")
@@ -99,9 +103,13 @@ class Hub:
         self._token = token
         self.max_queued = max_queued
         self._get_time_ns = get_time_ns
-        self.boot_ns = get_time_ns()
+        self.boot_ns = boot_ns if boot_ns is not None else get_time_ns()
+        """This run of the agent (sequence numbers count within it), and node time 0. A live node's origin is its
+        own (``boot_ns=node.origin_ns``): its node time is wall-clock seconds since then."""
         self.origin = NodeOrigin(node_id, self.boot_ns)
         """Node time 0 is the boot; event times are boot + node time (simulated seconds at any speed)."""
+        self.settle_timeout_s = settle_timeout_s
+        """How long :meth:`handle_async` waits for a live node's units to acknowledge a change."""
         self.control = NodeControl(node, clock_ns=get_time_ns)
         self.sequencer = Sequencer()
         self.replay = ReplayBuffer(replay_capacity)
@@ -312,7 +320,38 @@ class Hub:
 
     # -- control --------------------------------------------------------------------------------------------
     def handle(self, request: ControlRequest, *, who: str) -> Reply:
-        """Answer any request but :class:`Subscribe` (which needs a connection: :meth:`subscribe`)."""
+        """Answer any request but :class:`Subscribe` (which needs a connection: :meth:`subscribe`).
+
+        For a live node this answers a change as soon as it was sent to the units: :meth:`handle_async` waits
+        for their acknowledgement (the server uses that one).
+        """
+        done = self._decide(request, who)
+        return self._answer(done, request.control_id) if isinstance(done, AuditRecord) else done
+
+    async def handle_async(self, request: ControlRequest, *, who: str) -> Reply:
+        """:meth:`handle`, except that for a :class:`~agent.served.LiveNode` an applied change is answered (and
+        audited) once the units it went to have acknowledged it (:meth:`~agent.served.LiveNode.settle`): a unit
+        that refused it makes the change ``rejected`` (code ``unit_refused``; that unit keeps its previous
+        setting), one that did not answer in time is named in the audit's message. Never awaits otherwise."""
+        done = self._decide(request, who)
+        if not isinstance(done, AuditRecord):
+            return done
+        node = self.node
+        if done.result == "applied" and isinstance(node, LiveNode):
+            try:
+                settled = await node.settle(self.settle_timeout_s)
+            except Exception as exc:  # as in handle(): answer, log, carry on
+                log.exception("settling control request %s failed", request.__struct_config__.tag)
+                settled = Settled(refused=(f"internal error: {exc}",))
+            if settled.refused:
+                done = self.control.amend(done, result="rejected", error="; ".join(settled.refused),
+                                          error_code="unit_refused")
+            elif settled.unconfirmed:
+                done = self.control.amend(done, note="; ".join(settled.unconfirmed))
+        return self._answer(done, request.control_id)
+
+    def _decide(self, request: ControlRequest, who: str) -> AuditRecord | Reply:
+        """The reply to a read or a refused request, or the audit record of an executed change."""
         cid = request.control_id
         if isinstance(request, Status):
             return OkReply(control_id=cid, payload=self.status())
@@ -325,10 +364,13 @@ class Hub:
             why = "wrong or missing token" if self._token else "control is disabled on this agent (no token file)"
             return ErrorReply(control_id=cid, code=ErrorCode.UNAUTHORIZED, message=why)
         try:
-            record = self._execute(request, who)
+            return self._execute(request, who)
         except Exception as exc:  # a bug must not take the agent down: answer, log, carry on
             log.exception("control request %s failed", request.__struct_config__.tag)
             return ErrorReply(control_id=cid, code=ErrorCode.INTERNAL, message=f"internal error: {exc}")
+
+    def _answer(self, record: AuditRecord, cid: str) -> Reply:
+        """Publish ``record``'s audit event and answer with it (an error reply when it was rejected)."""
         audit = audit_event(record, self.node_id, cid)
         self.publish(audit)
         if record.result == "rejected":
@@ -378,7 +420,7 @@ def audit_event(record: AuditRecord, node_id: str, control_id: str) -> ControlAu
         action=record.action,  # type: ignore[arg-type]
         unit_ids=record.unit_ids, old=tuple(old), new=tuple(new),
         result=record.result,  # type: ignore[arg-type]
-        error_code=record.error_code or "", message=record.error or "",
+        error_code=record.error_code or "", message=record.error or record.note or "",
     )
 
 

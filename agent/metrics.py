@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.engine.base import RequestOutcome, StepRecord
-from agent.node import Node
+from agent.served import ServedNode
 
 STEP_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 """Upper bounds of the step-duration histogram (seconds); ``+Inf`` is implicit."""
@@ -106,7 +106,7 @@ class _Writer:
             self.lines.append(f"{name}_count{_labels(labels)} {hist.count}")
 
 
-def render(node: Node, metrics: NodeMetrics, *, model_name: str, num_dropped: int, num_subscribers: int) -> str:
+def render(node: ServedNode, metrics: NodeMetrics, *, model_name: str, num_dropped: int, num_subscribers: int) -> str:
     """The exposition text (format 0.0.4) for ``node`` now."""
     w = _Writer()
     units = [(u, {"model_name": model_name, "engine": str(u.unit_id)}, u.load()) for u in node.units]
@@ -129,7 +129,7 @@ def render(node: Node, metrics: NodeMetrics, *, model_name: str, num_dropped: in
     w.family("trackside_dispatch_policy_info", "gauge", "The node's dispatch policy (value 1).",
              [({"model_name": model_name, "policy": node.dispatcher.name}, 1)])
     w.family("trackside_requests_arrived_total", "counter", "Requests that reached the node's dispatcher.",
-             [({"model_name": model_name}, len(node.states))])
+             [({"model_name": model_name}, node.num_arrived)])
     w.family("trackside_requests_finished_total", "counter", "Requests finished, per unit.",
              ((labels, metrics.num_finished.get(u.unit_id, 0)) for u, labels, _ in units))
     w.family("trackside_slo_attained_total", "counter", "Finished requests that met their TTFT and TPOT SLOs.",

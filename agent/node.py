@@ -637,6 +637,16 @@ class Node:
                 self._schedule_start(index)
 
     # -- accounting ---------------------------------------------------------------------------------
+    @property
+    def num_arrived(self) -> int:
+        """Requests that reached the dispatcher so far."""
+        return len(self.states)
+
+    @property
+    def num_pending(self) -> int:
+        """Requests waiting at the dispatcher."""
+        return len(self.pending)
+
     def unfinished(self) -> list[str]:
         """Requests neither finished nor rejected (pending, queued or running)."""
         return [rid for rid, s in self.states.items() if s.outcome is None and not s.rejected]

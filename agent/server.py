@@ -2,7 +2,8 @@
 
 Thin asyncio over the Sans-I/O parts (``agent.wire``, ``agent.hub``): one task drives the node on a
 :class:`~agent.clock.WallClock` inside the event loop (it processes the events that are due, yields to the
-loop every few milliseconds, and sleeps until the next event otherwise, never blocking the loop); each
+loop every few milliseconds, and sleeps until the next event otherwise, never blocking the loop), or, for a
+live node (:class:`~agent.served.LiveNode`: vLLM units, which step on their own), runs its ``serve()``; each
 connection has a reader (control frames, answered in order) and one sender task that drains its own
 replies and its own bounded :class:`~agent.wire.Subscription`. The node never waits for a subscriber: a
 slow one loses its oldest events, counted and announced by its subscription. A subscriber that set
@@ -32,7 +33,9 @@ from websockets.http11 import Request, Response
 from agent.clock import WallClock
 from agent.gc_control import GcController
 from agent.hub import Hub
+from agent.node import Node
 from agent.protocol import CODECS, MAX_FRAME_BYTES, AgentFrame, ErrorReply, Event, Format, Subscribe
+from agent.served import LiveNode
 from agent.wire import Subscription, parse_control
 
 log = logging.getLogger(__name__)
@@ -151,7 +154,13 @@ class AgentServer:
             self._server.close()
             await self._server.wait_closed()
         if self._node_task is not None:
-            await self._node_task
+            if isinstance(self.hub.node, Node):
+                await self._node_task
+            else:
+                self._node_task.cancel()  # a live node serves until cancelled
+                (outcome,) = await asyncio.gather(self._node_task, return_exceptions=True)
+                if isinstance(outcome, Exception):
+                    raise outcome  # it failed before the stop, as the simulated node's loop would say
 
     async def __aenter__(self) -> AgentServer:
         await self.start()
@@ -174,6 +183,11 @@ class AgentServer:
     # -- the node ---------------------------------------------------------------------------------------------
     async def _run_node(self) -> None:
         node = self.hub.node
+        if not isinstance(node, Node):
+            if not isinstance(node, LiveNode):
+                raise TypeError(f"the server drives a Node or serves a LiveNode, not {type(node).__name__}")
+            await node.serve(self.workload_done)
+            return
         loop = asyncio.get_running_loop()
         self.clock.wait_until(0.0)  # starts the clock at node time 0; never waits
         gc_cm = GcController() if self.gc_control else contextlib.nullcontext(None)
@@ -235,7 +249,7 @@ class AgentServer:
                     conn.backlog = deque(backlog)
                     conn.push(reply)
                 else:
-                    conn.push(self.hub.handle(request, who=who))
+                    conn.push(await self.hub.handle_async(request, who=who))
                     self.wake_node()
         except ConnectionClosed:
             pass

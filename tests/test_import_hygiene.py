@@ -33,7 +33,7 @@ def test_policies_stay_pure(module: str) -> None:
     "module",
     [
         "agent.node", "agent.bench", "agent.cli", "agent.engine.sim", "agent.protocol", "agent.wire", "agent.hub",
-        "agent.server", "agent.client", "agent.metrics", "agent.cli_serve",
+        "agent.server", "agent.client", "agent.metrics", "agent.cli_serve", "agent.served",
     ],
 )
 def test_agent_runtime_needs_no_vllm_or_ui(module: str) -> None:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from policies.base import BatchPolicy
 from policies.cost.step_model import StepCoefficients
+from policies.params import ParamValue
 from policies.types import ReasonValue, RequestView, StepMode, UnitLoad
 
 
@@ -190,6 +191,10 @@ class Engine(Protocol):
         ...
 
     def set_policy(self, policy: BatchPolicy) -> None: ...
+
+    def set_policy_params(self, changes: Mapping[str, ParamValue]) -> None:
+        """Change live parameters of the batch policy (validated by the caller); they apply at the next step."""
+        ...
 
     @property
     def cost(self) -> StepCoefficients:

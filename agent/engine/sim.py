@@ -23,7 +23,7 @@ Mechanism (the same for every policy; the policy only plans):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from agent.engine.base import Migrant, RequestOutcome, StepRecord, StepResult, SubmittedRequest
@@ -31,6 +31,7 @@ from agent.engine.timing import StepTimer
 from policies.base import BatchPolicy
 from policies.batch.common import mode_of
 from policies.cost.step_model import StepCoefficients
+from policies.params import ParamValue
 from policies.types import RequestView, RunningRequest, StepFeedback, StepPlan, UnitLoad, UnitView
 
 ROLES = ("mixed", "prefill", "decode")
@@ -197,6 +198,10 @@ class SimUnit:
     def set_policy(self, policy: BatchPolicy) -> None:
         """Swap the batch policy; takes effect at the next step (never inside one)."""
         self.policy = policy
+
+    def set_policy_params(self, changes: Mapping[str, ParamValue]) -> None:
+        """Change live parameters of the batch policy (validated by the caller); they apply at the next step."""
+        self.policy.update_params(changes)
 
     # -- state ----------------------------------------------------------------------------------------
     @property

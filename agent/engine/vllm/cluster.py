@@ -8,6 +8,11 @@ async iterator of the request's :class:`~agent.engine.vllm.unit.TokenDelta` s (o
 only its outcome). Aborting a request removes it from the pending queue, or cancels it on its unit (vLLM's
 ``AsyncLLM.abort``, which frees its KV blocks).
 
+A unit can be closed to new requests (:meth:`VllmCluster.set_accepting`: the dispatcher sees it unhealthy), and
+the dispatcher swapped (:meth:`VllmCluster.set_dispatcher`). A :class:`ClusterObserver` (the agent's live node,
+``agent.engine.vllm.live``) hears of every arrival, dispatch decision, placement, rejection, step record, first
+token, finish and abort.
+
 Not (yet) served: migrations a rebalancing dispatcher asks for, and ``UnitLoad.requests`` for dispatchers that
 ``needs_requests``.
 """
@@ -18,13 +23,14 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.sampling import Sampling, TokenDelta
 from agent.engine.vllm.unit import VllmUnit
 from policies.base import DispatchPolicy
-from policies.types import PendingRequest
+from policies.types import DispatchDecision, PendingRequest, UnitLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +135,33 @@ class RequestStream:
             self._finish(task.result(), None)
 
 
+class ClusterObserver(Protocol):
+    """What happens in a cluster, as it happens (the agent's telemetry); times are the units' (wall clock)."""
+
+    def arrived(self, stream: RequestStream, pending: PendingRequest) -> None:
+        """A request reached the dispatcher's queue."""
+
+    def dispatching(self, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
+        """The dispatcher decided (called before the decision is carried out) on these loads."""
+
+    def launched(self, stream: RequestStream, pending: PendingRequest) -> None:
+        """A request went to its unit (``stream.unit_id``); ``pending`` as the dispatcher last saw it."""
+
+    def rejected(self, stream: RequestStream) -> None:
+        """The dispatcher refused a request."""
+
+    def stepped(self, unit: VllmUnit, record: StepRecord) -> None:
+        """A unit reported a step (its raw message is ``unit.last``)."""
+
+    def first_token(self, unit: VllmUnit, request_id: str) -> None: ...
+
+    def finished(self, unit: VllmUnit, outcome: RequestOutcome) -> None: ...
+
+    def ended(self, stream: RequestStream) -> None:
+        """A request ended without an outcome: aborted (pending or on its unit), or failed by its engine
+        (``stream.error``)."""
+
+
 class VllmCluster:
     """Units, a dispatcher, and the pending queue between them."""
 
@@ -151,6 +184,9 @@ class VllmCluster:
         """Ids of requests the dispatcher refused (the most recent)."""
         self.num_rejected = 0
         self.num_aborted = 0
+        self.accepting: dict[int, bool] = {u.unit_id: True for u in self.units}
+        """Per unit id: whether it takes new requests (the dispatcher sees the others as unhealthy)."""
+        self.observer: ClusterObserver | None = None
         self._next_check: float | None = None
         self._wake = asyncio.Event()
         self._checker: asyncio.Task[None] | None = None
@@ -162,6 +198,8 @@ class VllmCluster:
             return
         for u in self.units:
             u.on_step = self._on_step
+            u.on_first_token = self._on_first_token
+            u.on_finish = self._on_finish
         self._checker = asyncio.get_running_loop().create_task(self._checks())
 
     async def close(self) -> None:
@@ -172,6 +210,10 @@ class VllmCluster:
         for u in self.units:
             if u.on_step == self._on_step:
                 u.on_step = None
+            if u.on_first_token == self._on_first_token:
+                u.on_first_token = None
+            if u.on_finish == self._on_finish:
+                u.on_finish = None
         tasks = [s._task for s in self.streams.values() if s._task is not None]
         for rid in list(self.streams):
             self.abort(rid)
@@ -193,12 +235,14 @@ class VllmCluster:
             raise ValueError(f"request id {rid!r} is already in flight")
         stream = RequestStream(request, self, collect)
         self.streams[rid] = stream
-        self.pending[rid] = PendingRequest(
+        pending = self.pending[rid] = PendingRequest(
             rid, request.arrival_s if request.arrival_s is not None else self._clock(),
             len(request.prompt_token_ids),
             request.ttft_slo_s if request.ttft_slo_s is not None else self.ttft_slo_s,
             request.tpot_slo_s if request.tpot_slo_s is not None else self.tpot_slo_s,
         )
+        if self.observer is not None:
+            self.observer.arrived(stream, pending)
         self.dispatch()
         return stream
 
@@ -218,10 +262,27 @@ class VllmCluster:
         if self.pending.pop(rid, None) is not None:
             del self.streams[rid]
             stream._finish(None, RequestAborted(f"request {rid} was aborted while pending"))
+            if self.observer is not None:
+                self.observer.ended(stream)
         elif stream._task is None or not stream._task.cancel():
             return False
         self.num_aborted += 1
         return True
+
+    # -- control ----------------------------------------------------------------------------------
+    def set_accepting(self, unit_id: int, accepting: bool) -> None:
+        """Open or close a unit to new requests (its requests carry on); an opened unit is offered the queue."""
+        if unit_id not in self._by_unit:
+            raise KeyError(f"no unit {unit_id}")
+        self.accepting[unit_id] = accepting
+        if accepting:
+            self.dispatch()
+
+    def set_dispatcher(self, dispatcher: DispatchPolicy) -> None:
+        """Replace the dispatch policy; the requests waiting are offered to the new one now."""
+        self.dispatcher = dispatcher
+        self._next_check = None
+        self.dispatch()
 
     # -- dispatching ------------------------------------------------------------------------------
     def dispatch(self) -> None:
@@ -229,8 +290,11 @@ class VllmCluster:
         if not self.pending:
             return
         now = self._clock()
-        loads = [u.load() for u in self.units]
+        loads = [u.load(healthy=self.accepting[u.unit_id]) for u in self.units]
         decision = self.dispatcher.dispatch(list(self.pending.values()), loads, now)
+        observer = self.observer
+        if observer is not None:
+            observer.dispatching(loads, decision)
         for rid, uid in decision.assignments:
             p = self.pending.pop(rid, None)
             if p is None:
@@ -244,6 +308,10 @@ class VllmCluster:
                 stream._finish(None, RequestRejected(
                     f"the {self.dispatcher.name or type(self.dispatcher).__name__} dispatcher rejected the request"
                 ))
+                if observer is not None:
+                    observer.rejected(stream)
+        for rid, p in self.pending.items():  # held back this round (as the simulated node counts them)
+            self.pending[rid] = replace(p, cycles_waited=p.cycles_waited + 1)
         self._next_check = decision.next_check_s
         if decision.next_check_s is not None:
             self._wake.set()
@@ -255,16 +323,30 @@ class VllmCluster:
                            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, sampling=r.sampling,
                            on_output=stream._push if stream._queue is not None else None)
         stream._task = task
+        if self.observer is not None:
+            self.observer.launched(stream, p)
 
         def done(t: asyncio.Task[RequestOutcome]) -> None:
             self.streams.pop(r.request_id, None)
             stream._on_task_done(t)
+            if stream.outcome is None and self.observer is not None:
+                self.observer.ended(stream)
 
         task.add_done_callback(done)
 
     def _on_step(self, unit: VllmUnit, rec: StepRecord) -> None:
+        if self.observer is not None:
+            self.observer.stepped(unit, rec)
         if self.pending and self.dispatcher.wants_step_reports:
             self.dispatch()
+
+    def _on_first_token(self, unit: VllmUnit, request_id: str) -> None:
+        if self.observer is not None:
+            self.observer.first_token(unit, request_id)
+
+    def _on_finish(self, unit: VllmUnit, outcome: RequestOutcome) -> None:
+        if self.observer is not None:
+            self.observer.finished(unit, outcome)
 
     async def _checks(self) -> None:
         wake = self._wake

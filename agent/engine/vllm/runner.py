@@ -4,12 +4,14 @@ Requests arrive at their workload times (from the run's start), wait at the disp
 picks (:class:`~agent.engine.vllm.cluster.VllmCluster`: the dispatcher is asked on every arrival, at its
 ``next_check_s``, and, when it ``wants_step_reports``, after every step record while requests are pending, as in
 the simulated node). The result holds every request's outcome and every unit's step records, for the validation
-and for ``trackside bench``-style reports.
+and for ``trackside bench``-style reports. A unit keeps a bounded history (``VllmUnit(history=...)``): a run longer
+than that keeps only its last records and outcomes, with a warning.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -22,6 +24,8 @@ from agent.engine.vllm.cluster import ClusterRequest, RequestRejected, RequestSt
 from agent.engine.vllm.unit import VllmUnit
 from agent.workload.types import RequestSpec
 from policies.base import DispatchPolicy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -114,6 +118,10 @@ async def run_workload(units: Sequence[VllmUnit], dispatcher: DispatchPolicy, re
     finally:
         feeder.cancel()
         await cluster.close()
+    for u in units:
+        if not (u.records.kept_since(first_record[u.unit_id]) and u.outcomes.kept_since(first_outcome[u.unit_id])):
+            log.warning("unit %d kept only the last %d records and outcomes of this run (VllmUnit(history=...))",
+                        u.unit_id, u.records.maxlen)
     finished = [s.outcome for s in streams if s.outcome is not None]
     wall = max(o.finish_s for o in finished) - t0 if finished else time.time() - t0
     return RunResult(

@@ -22,7 +22,10 @@ plain ``Scheduler`` under the async loop decodes only every other step).
 Every step yields a step record (composition, measured and predicted time, KV, the plan's reasons) sent out
 of the engine-core process on a zmq PUSH socket (:mod:`agent.engine.vllm.channel`) or kept in memory; control
 messages (swap the policy, change parameters) arrive on a zmq PULL socket polled at the top of ``schedule()``,
-so a change always applies between two steps.
+so a change always applies between two steps. An idle engine calls no ``schedule()``: the socket is also polled
+whenever the engine core reads the scheduler's pause state, which it does only to answer an
+``is_scheduler_paused`` utility call (handled between two steps, on the engine core's thread). The agent sends
+one when it waits for a reply (``VllmUnit.reply``), so an idle engine applies a change at once.
 
 Timing: nothing in vLLM times the forward pass. Sync scheduling: a step lasts from ``schedule()`` returning
 to ``update_from_output()`` starting. Async scheduling (step N+1 is planned while N runs): step N lasts from
@@ -201,9 +204,7 @@ class PolicySchedulerMixin:
         return min(num_new_tokens, caps.get(request.request_id, 0))
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        if self.ts_inbox is not None:
-            for message in self.ts_inbox.poll():
-                self._ts_control(message)
+        self._ts_poll_control()
         t0 = time.perf_counter()
         now = time.time()
         view = self._ts_view()
@@ -366,6 +367,20 @@ class PolicySchedulerMixin:
         })
 
     # -- control ----------------------------------------------------------------------------------
+    @property
+    def pause_state(self) -> Any:
+        """vLLM's pause state; reading it first applies the control messages that arrived (see the module's
+        docstring: the engine core reads it only for ``is_scheduler_paused``, which the agent sends to an idle
+        engine to have it look at its control channel)."""
+        self._ts_poll_control()
+        return super().pause_state  # type: ignore[misc]
+
+    def _ts_poll_control(self) -> None:
+        inbox = getattr(self, "ts_inbox", None)  # None before _ts_setup (vLLM's __init__ may read the state)
+        if inbox is not None:
+            for message in inbox.poll():
+                self._ts_control(message)
+
     def _ts_control(self, message: dict[str, Any]) -> None:
         op = message.get("op")
         reply: dict[str, Any] = {"kind": "control", "id": message.get("id"), "unit_id": self.ts_unit_id, "ok": True}

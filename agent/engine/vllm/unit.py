@@ -7,12 +7,16 @@ process. :meth:`VllmUnit.load` turns the last record plus what the front end kno
 not finished) into the :class:`~policies.types.UnitLoad` a dispatcher sees.
 
 ``plain=True`` runs vLLM's own scheduler untouched (the baseline of the validation); it has no step records.
+
+What a unit keeps (:attr:`VllmUnit.records`, :attr:`VllmUnit.raw`, :attr:`VllmUnit.outcomes`) is bounded
+(:class:`~agent.engine.vllm.history.History`, ``history`` items each), so that a unit can serve for days.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -26,10 +30,16 @@ import zmq.asyncio
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.channel import ControlSender
 from agent.engine.vllm.config import KEY, UnitSettings
+from agent.engine.vllm.history import History
 from agent.engine.vllm.sampling import Sampling, TokenDelta
 from policies.types import StepMode, UnitLoad
 
 _decode = __import__("msgspec").msgpack.Decoder().decode
+
+HISTORY = 20_000
+"""Step records, raw step messages and outcomes a unit keeps by default (each; the oldest go first)."""
+MAX_UNCLAIMED_REPLIES = 1024
+"""Control replies nobody has asked for yet that a unit keeps (the oldest go first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +115,11 @@ class VllmUnit:
     """One vLLM engine driven from the agent's event loop."""
 
     def __init__(self, unit_id: int, options: EngineOptions, settings: UnitSettings | None = None, *,
-                 vllm_config: Any = None, executor_class: Any = None, ipc_dir: str | None = None) -> None:
+                 vllm_config: Any = None, executor_class: Any = None, ipc_dir: str | None = None,
+                 history: int = HISTORY) -> None:
         self.unit_id = unit_id
         self.options = options
+        self._own_ipc = ipc_dir is None
         self._ipc = ipc_dir or tempfile.mkdtemp(prefix="trackside-vllm-")
         tag = uuid.uuid4().hex[:8]
         self.step_addr = f"ipc://{os.path.join(self._ipc, f'steps-{unit_id}-{tag}')}"
@@ -123,15 +135,19 @@ class VllmUnit:
         self._steps_sock: Any = None
         self._control: ControlSender | None = None
         self._reader: asyncio.Task[None] | None = None
-        self.records: list[StepRecord] = []
-        self.raw: list[dict[str, Any]] = []
-        """Every step message as received (with the scheduler's extra fields: plan time, PAB...)."""
+        self.records: History[StepRecord] = History(history)
+        """The last ``history`` step records (indexes count from the first record ever: ``records[mark:]``)."""
+        self.raw: History[dict[str, Any]] = History(history)
+        """The step messages as received (with the scheduler's extra fields: plan time, PAB...), as ``records``."""
         self.last: dict[str, Any] | None = None
         self.live: dict[str, _Live] = {}
-        self.outcomes: list[RequestOutcome] = []
+        self.outcomes: History[RequestOutcome] = History(history)
+        """The last ``history`` outcomes (the requests that finished, aborted ones have none)."""
         self.control_replies: dict[Any, dict[str, Any]] = {}
         self.on_step: Callable[[VllmUnit, StepRecord], None] | None = None
         self.on_finish: Callable[[VllmUnit, RequestOutcome], None] | None = None
+        self.on_first_token: Callable[[VllmUnit, str], None] | None = None
+        """Called when a request's first output token has arrived (its ``first_token_s`` is set)."""
         self.submitted_prompt_since_record = 0
         self._step_time_sum = 0.0
         self.num_blocks = 0
@@ -149,11 +165,14 @@ class VllmUnit:
             self._steps_sock = self._ctx.socket(zmq.PULL)
             self._steps_sock.setsockopt(zmq.LINGER, 0)
             self._steps_sock.bind(self.step_addr)
+        preset = 0
         if self._vllm_config is not None:
             config = self._vllm_config
             if not self.options.plain:
                 config.scheduler_config.scheduler_cls = SCHEDULER_PATHS[bool(config.scheduler_config.async_scheduling)]
                 config.additional_config[KEY] = self.settings.as_config()
+            # vLLM's client adds the engine's block count to a preset one (it sums DP engines): undo that below.
+            preset = int(config.cache_config.num_gpu_blocks or 0)
             self.llm = AsyncLLM(vllm_config=config, executor_class=self._executor_class, log_stats=False)
         else:
             o = self.options
@@ -172,7 +191,8 @@ class VllmUnit:
             self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         cfg = self.llm.vllm_config
         self.block_size = int(cfg.cache_config.block_size)
-        self.num_blocks = max(1, int(cfg.cache_config.num_gpu_blocks or 1) - 1)
+        # vLLM counts usage over num_gpu_blocks - 1 (block 0 is its null block), as the scheduler reports it.
+        self.num_blocks = max(1, int(cfg.cache_config.num_gpu_blocks or 1) - preset - 1)
         if not self.options.plain:
             self._control = ControlSender(self.control_addr)
             self._reader = asyncio.get_running_loop().create_task(self._read_steps())
@@ -188,6 +208,8 @@ class VllmUnit:
         if self._steps_sock is not None:
             self._steps_sock.close()
         self._ctx.term()
+        if self._own_ipc:
+            shutil.rmtree(self._ipc, ignore_errors=True)
 
     async def _read_steps(self) -> None:
         sock = self._steps_sock
@@ -204,21 +226,46 @@ class VllmUnit:
                 if self.on_step is not None:
                     self.on_step(self, rec)
             elif kind == "control":
-                self.control_replies[msg.get("id")] = msg
+                replies = self.control_replies
+                replies[msg.get("id")] = msg
+                if len(replies) > MAX_UNCLAIMED_REPLIES:
+                    del replies[next(iter(replies))]
 
     # -- control ----------------------------------------------------------------------------------
     async def control(self, message: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
-        """Send a control message; applied at the top of the engine's next ``schedule()``. Returns the reply.
+        """Send a control message and return the engine's reply (:meth:`reply`)."""
+        return await self.reply(self.send_control(message), timeout_s, what=str(message.get("op")))
 
-        An idle engine does not schedule: the reply then comes with the next request.
+    async def reply(self, mid: str, timeout_s: float = 30.0, *, what: str = "control message") -> dict[str, Any]:
+        """The engine's reply to the control message ``mid`` (:meth:`send_control`), once it has applied it.
+
+        A busy engine applies control messages at the top of its next ``schedule()``. An idle one calls no
+        ``schedule()``; while waiting, this asks the engine core whether it is paused (vLLM's
+        ``is_scheduler_paused`` utility, answered between two steps), and our scheduler reads its control
+        channel whenever vLLM reads its pause state, so an idle engine applies the message at once.
         """
-        mid = self.send_control(message)
         deadline = time.monotonic() + timeout_s
+        delay = 0.002
         while mid not in self.control_replies:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"unit {self.unit_id}: no reply to {message.get('op')}")
-            await asyncio.sleep(0.005)
+                raise TimeoutError(f"unit {self.unit_id}: no reply to {what} in {timeout_s:g} s")
+            if self.llm is not None:
+                await asyncio.wait_for(self.llm.is_paused(), max(0.001, deadline - time.monotonic()))
+            if mid in self.control_replies:
+                break
+            await asyncio.sleep(delay)  # the message may reach the engine after the question: ask again
+            delay = min(2 * delay, 0.05)
         return self.control_replies.pop(mid)
+
+    async def pause(self) -> None:
+        """Stop stepping; requests stay in the engine, their KV kept (vLLM's ``pause_generation(mode="keep")``)."""
+        if self.llm is not None:
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+
+    async def resume(self) -> None:
+        """Step again after :meth:`pause`."""
+        if self.llm is not None:
+            await self.llm.resume_generation()
 
     def send_control(self, message: dict[str, Any]) -> str:
         """Send a control message without waiting; its reply lands in :attr:`control_replies` under the id."""
@@ -263,10 +310,12 @@ class VllmUnit:
                 n = len(first.token_ids) if first is not None else 0
                 if n:
                     t = time.time()
-                    if live.first_token_s is None:
-                        live.first_token_s = t
                     live.outputs += n
                     finish = t
+                    if live.first_token_s is None:
+                        live.first_token_s = t
+                        if self.on_first_token is not None:
+                            self.on_first_token(self, request_id)
                 if on_output is not None and first is not None and (n or out.finished):
                     on_output(TokenDelta(tuple(first.token_ids), first.text or "",
                                          first.finish_reason if out.finished else None, first.stop_reason))

@@ -215,14 +215,20 @@ async def part_dispatch(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+HISTORY = 500_000
+"""Step records and outcomes each unit keeps: every one of a part's runs (the analysis reads them all)."""
+
+
 def _fake(args: argparse.Namespace, unit_id: int) -> dict[str, Any]:
-    """CPU smoke mode: a tiny model config on the CPU with the fake executor (no GPU)."""
+    """The unit's extra arguments: its history, and in CPU smoke mode a tiny model config on the CPU with the fake
+    executor (no GPU)."""
     if not args.fake:
-        return {}
+        return {"history": HISTORY}
     from agent.engine.vllm.cpu import cpu_vllm_config
     from agent.engine.vllm.fake_executor import FakeExecutor
 
-    return {"vllm_config": cpu_vllm_config(async_scheduling=False), "executor_class": FakeExecutor}
+    return {"vllm_config": cpu_vllm_config(async_scheduling=False), "executor_class": FakeExecutor,
+            "history": HISTORY}
 
 
 async def part_smoke(args: argparse.Namespace) -> dict[str, Any]:
