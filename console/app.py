@@ -236,16 +236,16 @@ class ConsoleApp(App[int]):
             self.num_refreshes += 1
 
     def describe_sources(self) -> str:
-        """The header's subtitle: the mode, the replay cursor, each source's connection, the node count,
-        read-only."""
+        """The header's subtitle: the mode, read-only, the node count, the replay cursor, each source's connection
+        (in that order, so that what matters most still shows when an 80-column header cuts the end)."""
         parts = [MODE_TITLES.get(self.current_mode, self.current_mode)]
+        if self.read_only:
+            parts.append("READ-ONLY")
+        parts.append(f"{len(self.state.nodes)} node{'s' if len(self.state.nodes) != 1 else ''}")
         if self.playback is not None and (cursor := describe(self.playback)):
             parts.append(cursor)
         for info in self.state.sources.values():
             parts.append(f"{info.source} {info.connection.value}")
-        parts.append(f"{len(self.state.nodes)} node{'s' if len(self.state.nodes) != 1 else ''}")
-        if self.read_only:
-            parts.append("READ-ONLY")
         return " · ".join(parts)
 
     # -- actions --------------------------------------------------------------------------------------------------

@@ -418,6 +418,6 @@ def test_an_empty_store_replays_as_nothing_and_the_keys_do_nothing(tmp_path: Pat
             await until(pilot, lambda: detail(app) == "end of file", "the end of an empty file")
             await pilot.press("left_square_bracket", "space", "greater_than_sign", "plus")
             assert app.playback is not None and app.playback.position() is None
-            assert not app.state.nodes and app.sub_title == f"Overview · {empty} replay · 0 nodes", "no cursor shown"
+            assert not app.state.nodes and app.sub_title == f"Overview · 0 nodes · {empty} replay", "no cursor shown"
 
     run(go, timeout_s=30)
