@@ -13,8 +13,17 @@ the dispatcher swapped (:meth:`VllmCluster.set_dispatcher`). A :class:`ClusterOb
 ``agent.engine.vllm.live``) hears of every arrival, dispatch decision, placement, rejection, step record, first
 token, finish and abort.
 
-Not (yet) served: migrations a rebalancing dispatcher asks for, and ``UnitLoad.requests`` for dispatchers that
-``needs_requests``.
+**Migration by recompute** (vLLM 0.26.0 cannot move a live request's KV): a dispatcher that ``needs_requests`` sees
+each unit's resident requests in ``UnitLoad.requests`` (from what the front end knows: prompt, outputs so far,
+arrival, whether it is migrating); one that ``rebalances`` is also asked after step records when nothing is pending
+(at most every ``rebalance_interval_s``). A :class:`~policies.types.Migration` aborts the request on its source
+(its KV blocks are freed) and submits it again on the target with the original prompt plus the output tokens it
+produced as prompt and ``max_tokens`` reduced by those: the target recomputes prompt and outputs in one prefill.
+The request's :class:`RequestStream` goes on without a gap or a repeated token, and its outcome counts the
+original prompt, every output token and the original first-token time. A request is ``migrating`` from the move
+until its first token on the target; at most ``max_migrations`` are at once. A move is skipped when the request
+finished meanwhile (or has no token left to produce), is migrating already, is not on the named source, or the
+target is closed to new requests.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.sampling import Sampling, TokenDelta
 from agent.engine.vllm.unit import VllmUnit
 from policies.base import DispatchPolicy
-from policies.types import DispatchDecision, PendingRequest, UnitLoad
+from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +81,12 @@ class RequestStream:
         self.request = request
         self.request_id = request.request_id
         self.unit_id: int | None = None
-        """The unit the dispatcher chose; None while pending (and for a rejected request)."""
+        """The unit the request is on (the dispatcher's choice, or a migration's target); None while pending (and
+        for a rejected request)."""
+        self.output_token_ids: list[int] = []
+        """The output tokens so far (what a migration re-submits after the prompt)."""
+        self.num_migrations = 0
+        self._pending: PendingRequest | None = None
         self.outcome: RequestOutcome | None = None
         self.error: BaseException | None = None
         self._cluster = cluster
@@ -114,6 +128,7 @@ class RequestStream:
 
     # -- cluster side -----------------------------------------------------------------------------
     def _push(self, delta: TokenDelta) -> None:
+        self.output_token_ids.extend(delta.token_ids)
         if self._queue is not None:
             self._queue.put_nowait(delta)
 
@@ -161,12 +176,16 @@ class ClusterObserver(Protocol):
         """A request ended without an outcome: aborted (pending or on its unit), or failed by its engine
         (``stream.error``)."""
 
+    def migrated(self, stream: RequestStream, source_unit: int, target_unit: int, reason: str) -> None:
+        """A request moved by recompute (aborted on ``source_unit``, re-submitted on ``target_unit`` now)."""
+
 
 class VllmCluster:
     """Units, a dispatcher, and the pending queue between them."""
 
     def __init__(self, units: Sequence[VllmUnit], dispatcher: DispatchPolicy, *, ttft_slo_s: float,
-                 tpot_slo_s: float, clock: Callable[[], float] = time.time) -> None:
+                 tpot_slo_s: float, clock: Callable[[], float] = time.time, max_migrations: int = 8,
+                 rebalance_interval_s: float = 0.005) -> None:
         if not units:
             raise ValueError("a cluster needs at least one unit")
         self.units = list(units)
@@ -187,6 +206,13 @@ class VllmCluster:
         self.accepting: dict[int, bool] = {u.unit_id: True for u in self.units}
         """Per unit id: whether it takes new requests (the dispatcher sees the others as unhealthy)."""
         self.observer: ClusterObserver | None = None
+        self.max_migrations = max_migrations
+        """Requests migrating at once (moved, their first token on the target not yet out); further moves wait."""
+        self.rebalance_interval_s = rebalance_interval_s
+        """Least time between two calls of a rebalancing dispatcher made for step records with nothing pending."""
+        self.num_migrations = 0
+        self.num_migrations_skipped = 0
+        self._last_dispatch_s = -float("inf")
         self._next_check: float | None = None
         self._wake = asyncio.Event()
         self._checker: asyncio.Task[None] | None = None
@@ -286,12 +312,16 @@ class VllmCluster:
 
     # -- dispatching ------------------------------------------------------------------------------
     def dispatch(self) -> None:
-        """Ask the dispatcher about the pending requests now (also called on arrivals, reports and checks)."""
-        if not self.pending:
+        """Ask the dispatcher about the pending requests now (also called on arrivals, reports and checks); a
+        dispatcher that ``rebalances`` is asked with nothing pending too (for its migrations)."""
+        dispatcher = self.dispatcher
+        if not self.pending and not dispatcher.rebalances:
             return
         now = self._clock()
-        loads = [u.load(healthy=self.accepting[u.unit_id]) for u in self.units]
-        decision = self.dispatcher.dispatch(list(self.pending.values()), loads, now)
+        self._last_dispatch_s = now
+        want = dispatcher.needs_requests
+        loads = [u.load(healthy=self.accepting[u.unit_id], with_requests=want) for u in self.units]
+        decision = dispatcher.dispatch(list(self.pending.values()), loads, now)
         observer = self.observer
         if observer is not None:
             observer.dispatching(loads, decision)
@@ -312,21 +342,36 @@ class VllmCluster:
                     observer.rejected(stream)
         for rid, p in self.pending.items():  # held back this round (as the simulated node counts them)
             self.pending[rid] = replace(p, cycles_waited=p.cycles_waited + 1)
+        if decision.migrations:
+            self._migrate(decision.migrations)
         self._next_check = decision.next_check_s
         if decision.next_check_s is not None:
             self._wake.set()
 
     def _launch(self, stream: RequestStream, unit: VllmUnit, p: PendingRequest) -> None:
-        r = stream.request
-        stream.unit_id = unit.unit_id
-        task = unit.submit(r.request_id, r.prompt_token_ids, r.max_tokens, arrival_s=p.arrival_s,
-                           ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, sampling=r.sampling,
-                           on_output=stream._push if stream._queue is not None else None)
-        stream._task = task
+        stream._pending = p
+        self._start(stream, unit, stream.request.prompt_token_ids, stream.request.max_tokens, stream.request.sampling)
         if self.observer is not None:
             self.observer.launched(stream, p)
 
+    def _start(self, stream: RequestStream, unit: VllmUnit, prompt_token_ids: list[int], max_tokens: int,
+               sampling: Sampling | None, *, migrated: bool = False, prior_outputs: int = 0,
+               first_token_s: float | None = None) -> None:
+        """Submit ``stream``'s request to ``unit`` (again, with its ``prior_outputs`` appended, when ``migrated``)."""
+        r = stream.request
+        p = stream._pending
+        assert p is not None
+        stream.unit_id = unit.unit_id
+        task = unit.submit(r.request_id, prompt_token_ids, max_tokens, arrival_s=p.arrival_s,
+                           ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, sampling=sampling,
+                           on_output=stream._push,
+                           prompt_tokens=len(r.prompt_token_ids) if migrated else None,
+                           prior_outputs=prior_outputs, first_token_s=first_token_s)
+        stream._task = task
+
         def done(t: asyncio.Task[RequestOutcome]) -> None:
+            if stream._task is not t:
+                return  # the request migrated: its new task carries on
             self.streams.pop(r.request_id, None)
             stream._on_task_done(t)
             if stream.outcome is None and self.observer is not None:
@@ -334,10 +379,59 @@ class VllmCluster:
 
         task.add_done_callback(done)
 
+    # -- migration by recompute -------------------------------------------------------------------
+    def num_migrating(self) -> int:
+        """Requests moved and not yet producing on their target."""
+        return sum(1 for u in self.units for live in u.live.values() if live.migrating)
+
+    def _migrate(self, migrations: Sequence[Migration]) -> None:
+        """Carry out a dispatcher's migrations by recompute (see the module's docstring); skipped ones are counted."""
+        migrating = self.num_migrating()
+        for m in migrations:
+            if migrating >= self.max_migrations or not self._move(m):
+                self.num_migrations_skipped += 1
+                continue
+            migrating += 1
+
+    def _move(self, m: Migration) -> bool:
+        stream = self.streams.get(m.request_id)
+        source, target = self._by_unit.get(m.source_unit), self._by_unit.get(m.target_unit)
+        if (stream is None or stream.done or source is None or target is None or source is target
+                or stream.unit_id != source.unit_id or not self.accepting[target.unit_id]):
+            return False
+        task, live = stream._task, source.live.get(m.request_id)
+        if task is None or task.done() or live is None or live.migrating:
+            return False
+        r = stream.request
+        produced = list(stream.output_token_ids)
+        left = r.max_tokens - len(produced)
+        if left <= 0 or len(produced) != live.outputs:
+            return False
+        # Cancelling the task aborts the request in its engine (vLLM's generate() answers a cancel with
+        # AsyncLLM.abort, which frees its KV blocks); the task runs no further output through, and its done
+        # callback sees a newer task on the stream and leaves the stream alone.
+        if not task.cancel():
+            return False
+        live.on_output = None
+        sampling = r.sampling
+        if sampling is not None and sampling.min_tokens:
+            sampling = replace(sampling, min_tokens=max(0, sampling.min_tokens - len(produced)))
+        self._start(stream, target, r.prompt_token_ids + produced, left, sampling, migrated=True,
+                    prior_outputs=len(produced), first_token_s=live.first_token_s)
+        stream.num_migrations += 1
+        self.num_migrations += 1
+        if self.observer is not None:
+            self.observer.migrated(stream, source.unit_id, target.unit_id, m.reason or "rebalance")
+        return True
+
     def _on_step(self, unit: VllmUnit, rec: StepRecord) -> None:
         if self.observer is not None:
             self.observer.stepped(unit, rec)
-        if self.pending and self.dispatcher.wants_step_reports:
+        dispatcher = self.dispatcher
+        if self.pending:
+            if dispatcher.wants_step_reports:
+                self.dispatch()
+        elif dispatcher.rebalances and self._clock() - self._last_dispatch_s >= self.rebalance_interval_s:
             self.dispatch()
 
     def _on_first_token(self, unit: VllmUnit, request_id: str) -> None:

@@ -33,7 +33,7 @@ from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.cluster import ClusterRequest, RequestAborted, RequestStream, VllmCluster
 from agent.engine.vllm.runner import prompt_ids
 from agent.engine.vllm.unit import VllmUnit
-from agent.node import DispatchHook, MigrateHook, PreemptHook, RequestState
+from agent.node import DispatchHook, MigrateHook, MigrationRecord, PreemptHook, RequestState
 from agent.served import FinishHook, RequestHook, Settled, StepHook
 from agent.workload.types import RequestSpec
 from policies.base import BatchPolicy, DispatchPolicy
@@ -94,8 +94,8 @@ class LiveUnit:
         self._policy = policy
 
     def load(self, with_requests: bool = False) -> UnitLoad:
-        """The unit's load as its dispatcher sees it (``with_requests`` is not served: no resident list)."""
-        return self.unit.load()
+        """The unit's load as its dispatcher sees it (``with_requests``: its resident requests too)."""
+        return self.unit.load(with_requests=with_requests)
 
     def running_views(self) -> tuple[RequestView, ...]:
         """Every request the front end has on the unit (running or waiting in the engine), in node time."""
@@ -107,7 +107,8 @@ class LiveUnit:
             outputs = live.outputs
             out.append(RequestView(
                 rid, live.arrival_s - origin, live.prompt_tokens,
-                live.prompt_tokens + outputs - 1 if outputs else 0, outputs, live.ttft_slo_s, live.tpot_slo_s,
+                live.prompt_tokens + outputs - 1 if outputs > live.prior_outputs else 0, outputs, live.ttft_slo_s,
+                live.tpot_slo_s,
                 None if first is None else first - origin, preemptions.get(rid, 0),
             ))
         return tuple(out)
@@ -138,7 +139,7 @@ class LiveVllmNode:
         self.on_dispatch: DispatchHook | None = None
         self.on_preempt: PreemptHook | None = None
         self.on_migrate: MigrateHook | None = None
-        """Never called: vLLM units do not migrate requests (yet)."""
+        """Each migration by recompute (``VllmCluster``: aborted on its source, re-submitted on its target)."""
         self.states: dict[str, RequestState] = {}
         """The requests in flight (pending or on a unit): finished, refused and ended ones are forgotten."""
         self.preemptions: dict[str, int] = {}
@@ -149,6 +150,7 @@ class LiveVllmNode:
         self.num_ended = 0
         """Requests that ended without an outcome (aborted by their client, or failed by their engine)."""
         self.num_dispatches = 0
+        self.num_migrations = 0
         self._sent: list[_Sent] = []
         self._actions: list[tuple[int, str, asyncio.Task[None]]] = []
         self._mode_task: dict[int, asyncio.Task[None]] = {}
@@ -354,3 +356,13 @@ class LiveVllmNode:
             self.preemptions.pop(stream.request_id, None)
             if stream.error is not None and not isinstance(stream.error, RequestAborted):
                 log.warning("request %s failed on unit %s: %s", stream.request_id, stream.unit_id, stream.error)
+
+    def migrated(self, stream: RequestStream, source_unit: int, target_unit: int, reason: str) -> None:
+        state = self.states.get(stream.request_id)
+        if state is not None:
+            state.unit_id = target_unit
+        self.num_migrations += 1
+        if self.on_migrate is not None:
+            now = self.now_s
+            self.on_migrate(MigrationRecord(stream.request_id, source_unit, target_unit, reason, "recompute", now, now,
+                                            0))

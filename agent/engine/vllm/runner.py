@@ -35,6 +35,8 @@ class RunResult:
     rejected: list[str]
     records: dict[int, list[StepRecord]] = field(default_factory=dict)
     raw: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    num_migrations: int = 0
+    """Requests moved between units by recompute (for dispatchers that migrate: ``VllmCluster``)."""
 
     def summary(self) -> dict[str, Any]:
         out_tokens = sum(o.output_tokens for o in self.outcomes)
@@ -130,6 +132,7 @@ async def run_workload(units: Sequence[VllmUnit], dispatcher: DispatchPolicy, re
         rejected=rejected,
         records={u.unit_id: u.records[first_record[u.unit_id]:] for u in units},
         raw={u.unit_id: u.raw[first_record[u.unit_id]:] for u in units},
+        num_migrations=cluster.num_migrations,
     )
 
 

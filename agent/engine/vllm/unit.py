@@ -32,7 +32,7 @@ from agent.engine.vllm.channel import ControlSender
 from agent.engine.vllm.config import KEY, UnitSettings
 from agent.engine.vllm.history import History
 from agent.engine.vllm.sampling import Sampling, TokenDelta
-from policies.types import StepMode, UnitLoad
+from policies.types import RunningRequest, StepMode, UnitLoad
 
 _decode = __import__("msgspec").msgpack.Decoder().decode
 
@@ -94,6 +94,11 @@ class _Live:
     on_output: Callable[[TokenDelta], None] | None = None
     first_token_s: float | None = None
     outputs: int = 0
+    """Output tokens so far, those produced on a unit the request migrated from included."""
+    prior_outputs: int = 0
+    """Output tokens produced before the request came to this unit (migrated by recompute)."""
+    migrating: bool = False
+    """Migrated here by recompute and its first token here not yet out (the target recomputes its KV)."""
 
 
 def record_from(msg: dict[str, Any]) -> StepRecord:
@@ -278,15 +283,24 @@ class VllmUnit:
     # -- requests ---------------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, *, arrival_s: float,
                ttft_slo_s: float, tpot_slo_s: float, sampling: Sampling | None = None,
-               on_output: Callable[[TokenDelta], None] | None = None) -> asyncio.Task[RequestOutcome]:
+               on_output: Callable[[TokenDelta], None] | None = None, prompt_tokens: int | None = None,
+               prior_outputs: int = 0, first_token_s: float | None = None) -> asyncio.Task[RequestOutcome]:
         """Start a request; the task ends with its outcome (the unit also keeps it in :attr:`outcomes`).
 
         ``on_output`` sees every output that adds tokens or finishes the request, in order. Cancelling the task
         aborts the request in vLLM (which frees its KV blocks); an aborted request has no outcome.
+
+        A request migrated here by recompute (``prompt_tokens`` given: its original prompt length) brings its
+        original prompt plus the ``prior_outputs`` tokens it produced elsewhere as ``prompt_token_ids``, the
+        tokens it still has to produce as ``max_tokens`` and its original ``first_token_s``; its outcome counts
+        the original prompt and every output token, and no first-token report is made again.
         """
         now = time.time()
-        live = self.live[request_id] = _Live(arrival_s, len(prompt_token_ids), max_tokens, ttft_slo_s, tpot_slo_s,
-                                             now, sampling, on_output)
+        resumed = prompt_tokens is not None
+        live = self.live[request_id] = _Live(
+            arrival_s, prompt_tokens if prompt_tokens is not None else len(prompt_token_ids), max_tokens,
+            ttft_slo_s, tpot_slo_s, now, sampling, on_output, first_token_s, prior_outputs, prior_outputs, resumed,
+        )
         self.submitted_prompt_since_record += len(prompt_token_ids)
         task = asyncio.get_running_loop().create_task(self._run(request_id, prompt_token_ids))
         # A task cancelled before it ran never reaches _run's cleanup.
@@ -302,7 +316,6 @@ class VllmUnit:
             {"ttft_slo_s": live.ttft_slo_s, "tpot_slo_s": live.tpot_slo_s, "arrival_s": live.arrival_s},
         )
         finish = None
-        on_output = live.on_output
         try:
             # Read to the end: leaving generate() early (break) makes vLLM abort the finished request.
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
@@ -311,16 +324,19 @@ class VllmUnit:
                 if n:
                     t = time.time()
                     live.outputs += n
+                    live.migrating = False
                     finish = t
                     if live.first_token_s is None:
                         live.first_token_s = t
                         if self.on_first_token is not None:
                             self.on_first_token(self, request_id)
+                on_output = live.on_output  # read each time: a migration detaches it
                 if on_output is not None and first is not None and (n or out.finished):
                     on_output(TokenDelta(tuple(first.token_ids), first.text or "",
                                          first.finish_reason if out.finished else None, first.stop_reason))
         finally:
-            self.live.pop(request_id, None)
+            if self.live.get(request_id) is live:  # a request that migrated back here meanwhile is not ours
+                del self.live[request_id]
         first = live.first_token_s if live.first_token_s is not None else time.time()
         outcome = RequestOutcome(
             request_id=request_id, unit_id=self.unit_id, arrival_s=live.arrival_s, first_token_s=first,
@@ -333,8 +349,21 @@ class VllmUnit:
         return outcome
 
     # -- load -------------------------------------------------------------------------------------
-    def load(self, healthy: bool = True) -> UnitLoad:
-        """What a dispatcher sees: the last step record, corrected by what the front end knows since."""
+    def requests(self) -> tuple[RunningRequest, ...]:
+        """The requests the front end has on the unit (running or waiting in the engine), as a rebalancing
+        dispatcher sees them. ``computed_tokens`` is an estimate: every known token but the last once the
+        request produced a token on this unit, 0 before (a request migrated here recomputes everything)."""
+        out = []
+        for rid, live in self.live.items():
+            ctx = live.prompt_tokens + live.outputs
+            computed = ctx - 1 if live.outputs > live.prior_outputs else 0
+            out.append(RunningRequest(rid, ctx, live.prompt_tokens, live.outputs, computed, live.arrival_s,
+                                      live.migrating))
+        return tuple(out)
+
+    def load(self, healthy: bool = True, with_requests: bool = False) -> UnitLoad:
+        """What a dispatcher sees: the last step record, corrected by what the front end knows since;
+        ``with_requests`` fills ``requests`` (:meth:`requests`)."""
         resident = len(self.live)
         last = self.last or {}
         running = min(int(last.get("num_running", 0)), resident)
@@ -345,6 +374,7 @@ class VllmUnit:
         # a budget balancer treats as an idle unit's (unbounded). Seen on the H100: `pab` sent 2,996 of 3,000
         # requests to the unit that kept stepping.
         pab = last.get("admission_budget") if resident else None
+        requests = self.requests() if with_requests else ()
         return UnitLoad(
             unit_id=self.unit_id, healthy=healthy, num_running=running, num_waiting=resident - running,
             kv_used_blocks=used, num_blocks=self.num_blocks, kv_tokens=used * self.block_size,
@@ -355,4 +385,5 @@ class VllmUnit:
             max_num_seqs=self.options.max_num_seqs, steps_done=steps, busy=resident > 0,
             inflight_tokens=int(last.get("num_prefill_tokens", 0)) + int(last.get("num_decode_tokens", 0)),
             chunk_tokens=self.options.max_num_batched_tokens, block_size=self.block_size,
+            migrations_inflight=sum(r.migrating for r in requests), requests=requests,
         )
