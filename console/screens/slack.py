@@ -13,18 +13,16 @@ from textual.containers import Horizontal
 from textual.widgets import Footer, Header, Static
 
 from console.metrics import HeatMetric
-from console.render import cycled, fmt_age
-from console.screens.base import StateScreen
+from console.render import fmt_age
+from console.screens.base import UnitScreen
 from console.slack import SlackSummary, envelope, slack_summary
 from console.state import ConsoleState
 from console.widgets.envelope_chart import EnvelopeChart, envelope_heading
 from console.widgets.nearest_requests import NearestRequests
 from console.widgets.slack_distribution import SlackDistribution
 
-UnitKey = tuple[str, int]
 
-
-class SlackScreen(StateScreen):
+class SlackScreen(UnitScreen):
     """A unit's slack and one request's envelope; ``u`` picks the unit, the arrows the request."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -64,9 +62,7 @@ class SlackScreen(StateScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._state: ConsoleState | None = None
-        self.unit: UnitKey | None = None
-        """The unit shown (None: the first with a slack sample, else the first)."""
+        # self.unit: the unit shown (None: the first with a slack sample, else the first)
         self.request: str | None = None
         """The selected request; None: whichever is nearest to a miss at the latest sample."""
         self.summary: SlackSummary | None = None
@@ -82,13 +78,6 @@ class SlackScreen(StateScreen):
         yield Static(id="slack-envelope-title", classes="pane-title")
         yield EnvelopeChart(id="slack-envelope")
         yield Footer()
-
-    def show_state(self, state: ConsoleState) -> None:
-        self._state = state
-        self.redraw()
-
-    def _units(self) -> list[UnitKey]:
-        return [] if self._state is None else self._state.unit_keys()
 
     @property
     def selected(self) -> str | None:
@@ -150,19 +139,11 @@ class SlackScreen(StateScreen):
             self._following = following
             self.refresh_bindings()
 
-    def select_unit(self, node_id: str, unit_id: int) -> None:
-        """Show ``unit_id`` of ``node_id``, following the request nearest to a miss."""
-        if (node_id, unit_id) in self._units():
-            self.unit, self.request = (node_id, unit_id), None
-            self.redraw()
+    def forget_selection(self) -> None:
+        """A new unit: follow its request nearest to a miss."""
+        self.request = None
 
     # -- actions ---------------------------------------------------------------------------------------------------
-    def action_cycle_unit(self, step: int) -> None:
-        """Show the unit ``step`` places on (wrapping)."""
-        units = self._units()
-        if units:
-            self.unit, self.request = cycled(units, self.unit, step), None
-            self.redraw()
 
     def action_move(self, delta: int) -> None:
         """Select the request ``delta`` rows down the list (least slack first)."""
@@ -183,6 +164,4 @@ class SlackScreen(StateScreen):
         """``nearest`` is greyed out while following it; the unit keys while there is at most one unit."""
         if action == "nearest" and self.request is None:
             return None
-        if action == "cycle_unit" and len(self._units()) < 2:
-            return None
-        return True
+        return super().check_action(action, parameters)

@@ -12,17 +12,15 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Static
 
 from agent.protocol import StepEvent
-from console.render import cycled, fmt_pct
-from console.screens.base import StateScreen
+from console.render import fmt_pct
+from console.screens.base import UnitKey, UnitScreen
 from console.state import ConsoleState
 from console.steps import MODE_GLYPHS, move_cursor, step_index, step_stats
 from console.widgets.step_detail import StepDetail
 from console.widgets.step_timeline import StepTimeline
 
-UnitKey = tuple[str, int]
 
-
-class StepsScreen(StateScreen):
+class StepsScreen(UnitScreen):
     """A unit's step timeline with a step cursor; keys pick the unit and move along the steps."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -53,9 +51,7 @@ class StepsScreen(StateScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._state: ConsoleState | None = None
-        self.unit: UnitKey | None = None
-        """The unit shown (None: the first one, once there is one)."""
+        # self.unit: the unit shown (None: the first one, once there is one)
         self.cursor_ns: int | None = None
         """The cursor's step, by its start time; None: the newest, following."""
         self._following: bool | None = None
@@ -68,13 +64,6 @@ class StepsScreen(StateScreen):
             with Vertical(id="steps-side"):
                 yield StepDetail(id="steps-detail")
         yield Footer()
-
-    def show_state(self, state: ConsoleState) -> None:
-        self._state = state
-        self.redraw()
-
-    def _units(self) -> list[UnitKey]:
-        return [] if self._state is None else self._state.unit_keys()
 
     def redraw(self) -> None:
         """Draw the unit's steps, the cursor's step and the heading from the last state shown."""
@@ -121,20 +110,11 @@ class StepsScreen(StateScreen):
             parts.append(f"pred err {fmt_pct(stats.mean_abs_error)}")
         return " · ".join(parts)
 
-    def select_unit(self, node_id: str, unit_id: int) -> None:
-        """Show ``unit_id`` of ``node_id`` (following its newest step)."""
-        if (node_id, unit_id) in self._units():
-            self.unit, self.cursor_ns = (node_id, unit_id), None
-            self.redraw()
+    def forget_selection(self) -> None:
+        """A new unit: follow its newest step."""
+        self.cursor_ns = None
 
     # -- actions ---------------------------------------------------------------------------------------------------
-    def action_cycle_unit(self, step: int) -> None:
-        """Show the unit ``step`` places on (wrapping), following its newest step."""
-        units = self._units()
-        if not units:
-            return
-        self.unit, self.cursor_ns = cycled(units, self.unit, step), None
-        self.redraw()
 
     def action_move(self, delta: int) -> None:
         """Move the cursor ``delta`` steps (negative: back in time)."""
@@ -158,6 +138,4 @@ class StepsScreen(StateScreen):
         """``follow`` is greyed out while following; the unit keys while there is at most one unit."""
         if action == "follow" and self.cursor_ns is None:
             return None
-        if action == "cycle_unit" and len(self._units()) < 2:
-            return None
-        return True
+        return super().check_action(action, parameters)
