@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.client import TokenFileError, read_token
+from agent.telemetry.client import TokenFileError, read_token
 from console.app import ConsoleApp
 from console.demo import AgentOptions, DemoError, data_dir, demo_children
 from console.feeds import Feed, LiveFeed, ReplayFeed

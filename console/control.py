@@ -1,6 +1,6 @@
 """Sending one control request to an agent and reading its reply, as the Policies screen's workers do.
 
-Each request opens its own connection (:func:`agent.client.open_session`: a hello, then the request with the
+Each request opens its own connection (:func:`agent.telemetry.client.open_session`: a hello, then the request with the
 console's token and a fresh ``control_id``, then the reply), so control never shares the feed's subscription and
 a slow or lost agent costs only that request: it ends as a :class:`ControlResult` that says why, never as an
 exception. The agent also publishes an ``audit`` event for every action (applied, dry run or rejected); the
@@ -14,8 +14,8 @@ from typing import Final
 
 from websockets.exceptions import WebSocketException
 
-from agent.client import open_session
-from agent.protocol import ControlAudit, ControlRequest, DryRun, ErrorReply, ProtocolError
+from agent.telemetry import ControlAudit, ControlRequest, DryRun, ErrorReply, ProtocolError
+from agent.telemetry.client import open_session
 
 UNREACHABLE: Final = "unreachable"
 """The code of a result whose request got no reply (no connection, a timeout, a refused handshake)."""

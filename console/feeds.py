@@ -5,7 +5,7 @@ batch of events (a frame's worth, or a chunk read back from the store) or a chan
 The app runs one async worker per feed and folds the updates into its :class:`~console.state.ConsoleState`;
 feeds never touch the state or the UI themselves.
 
-* :class:`LiveFeed` wraps :func:`agent.client.stream_batches` (batch frames, reconnect with backoff, resume by
+* :class:`LiveFeed` wraps :func:`agent.telemetry.client.stream_batches` (batch frames, reconnect with backoff, resume by
   sequence number). Its states: ``connecting`` until the first hello, ``live`` at every hello, ``reconnecting``
   whenever a connection attempt fails (the backoff generator is asked for a delay), ``offline`` when the agent
   refuses the subscription (``AgentError``) or the URI is unusable.
@@ -29,8 +29,8 @@ from typing import Protocol, cast
 
 import duckdb
 
-from agent.client import AgentError, Delays, ResumeFrom, backoff, stream_batches
-from agent.protocol import Event, NodeHello
+from agent.telemetry import Event, NodeHello
+from agent.telemetry.client import AgentError, Delays, ResumeFrom, backoff, stream_batches
 from console.history import MAX_REBUILD_EVENTS, Timeline, chunks_in_thread, read_back
 from console.model import Connection
 from console.playback import Playback

@@ -21,7 +21,7 @@ from typing import Final
 
 import duckdb
 
-from agent.protocol import Event
+from agent.telemetry import Event
 from store.replay import node_ids as stored_node_ids
 from store.replay import recent_start, replay
 

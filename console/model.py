@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from agent.protocol import PolicySchema, StageBoundaries, UnitMode
+from agent.telemetry import PolicySchema, StageBoundaries, UnitMode
 from console.metrics import HeatMetric
 from console.series import BucketRing, FlowBucket, HeatBucket
 from policies.params import ParamValue

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from agent.protocol import (
+from agent.telemetry import (
     ControlAudit,
     ParamSchema,
     PolicySchema,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import duckdb
 
-from agent.protocol import Event, NodeHello
+from agent.telemetry import Event, NodeHello
 from console.feeds import Feed, FeedUpdate
 from console.history import MAX_REBUILD_EVENTS, chunks_in_thread, rebuild_events, take
 from store.replay import time_span

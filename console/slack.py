@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from agent.protocol import RequestArrived, RequestFinished, SlackSample
+from agent.telemetry import RequestArrived, RequestFinished, SlackSample
 from console.render import fmt_si
 
 DEFAULT_TPOT_MS: Final = 50.0

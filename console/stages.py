@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from agent.protocol import RequestArrived, RequestMigrated, StageBoundaries
+from agent.telemetry import RequestArrived, RequestMigrated, StageBoundaries
 from console.metrics import HeatMetric
 from console.model import NodeInfo
 from console.render import fmt_si, window_buckets

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from agent.protocol import (
+from agent.telemetry import (
     Alert,
     ControlAudit,
     Event,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from agent.protocol import StepEvent
+from agent.telemetry import StepEvent
 from console.render import fmt_ms, fmt_pct, fmt_si, nice_ceiling
 from policies.types import ReasonValue
 

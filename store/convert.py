@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from agent.protocol import (
+from agent.telemetry import (
     Alert,
     ControlAudit,
     Event,

@@ -1,6 +1,6 @@
 """Canned queries over a store, returning plain dicts; arbitrary read-only SQL; Parquet export.
 
-Definitions are those of :mod:`agent.report` (TTFT/TPOT percentiles with linear interpolation, DuckDB's
+Definitions are those of :mod:`agent.bench.report` (TTFT/TPOT percentiles with linear interpolation, DuckDB's
 ``quantile_cont`` = ``numpy.percentile``; a request meets its SLO when both TTFT and TPOT are within their
 targets; ``slo_attainment`` = met / requests, refused included; ``goodput_rps`` = met / ``duration_s``),
 with these store-side choices:
@@ -71,7 +71,7 @@ def policy_summary(
     db: Db, *, start_ns: int | None = None, end_ns: int | None = None, window_s: float | None = None
 ) -> list[dict[str, Any]]:
     """One dict per batch policy (and per ``window_s`` bucket of finish time, keyed ``window_start_ns``):
-    ``policy`` and the keys of :data:`agent.report.SUMMARY_KEYS`."""
+    ``policy`` and the keys of :data:`agent.bench.report.SUMMARY_KEYS`."""
     if window_s is not None and window_s <= 0:
         raise ValueError("window_s must be positive")
     con, owned = _open(db)
@@ -140,7 +140,7 @@ def _latency(mean: float | None, quantiles: Sequence[float] | None) -> dict[str,
 # -- per unit ------------------------------------------------------------------------------------------------
 def unit_balance(db: Db, *, start_ns: int | None = None, end_ns: int | None = None) -> list[dict[str, Any]]:
     """One dict per (node, unit) over the steps that started in the window, with the keys of
-    ``agent.report.UnitStats.as_dict`` (``steps_by_mode`` aside) plus ``node_id``, ``busy_s`` and ``policies``.
+    ``agent.bench.report.UnitStats.as_dict`` (``steps_by_mode`` aside) plus ``node_id``, ``busy_s`` and ``policies``.
 
     ``busy_fraction`` is busy time over the window's length (without both bounds: the node's span of steps).
     """

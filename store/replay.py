@@ -2,8 +2,8 @@
 
 :func:`replay` yields events in stream order, ``(node_id, boot_ns, seq)``, merged across tables, so tests,
 examples and snapshots can feed a console's state model from a file instead of a running agent. Filters
-mirror a subscription's: ``kinds`` (event kinds, :data:`agent.protocol.EVENT_KINDS`), ``unit_ids``
-(node-level events, which concern no unit, always pass, as in ``agent.wire.event_unit_ids``), and a time
+mirror a subscription's: ``kinds`` (event kinds, :data:`agent.telemetry.EVENT_KINDS`), ``unit_ids``
+(node-level events, which concern no unit, always pass, as in ``agent.telemetry.stream.event_unit_ids``), and a time
 range on ``time_ns``. :func:`areplay` is the same as an async iterator, optionally paced by the events' own
 timestamps at ``speed`` times real time; the database is read in a worker thread. :func:`node_ids`,
 :func:`time_span` and :func:`recent_start` tell a reader which nodes and times there are, and where "the last
@@ -22,7 +22,7 @@ from typing import Any
 
 import duckdb
 
-from agent.protocol import EVENT_KINDS, Event
+from agent.telemetry import EVENT_KINDS, Event
 from store.convert import TABLE_KINDS, event_from_row, slack_from_rows
 from store.schema import TABLES, connect
 

@@ -20,7 +20,7 @@ Guarantees (what a recorder may rely on):
 * **Policies.** A finished request is stored with the batch policy of its unit's latest step before it in the
   stream (the node's hello before any step; after a reopen, the latest stored step of the current run), so
   per-policy queries need no join with ``steps``; a refused request with the policy that refused it.
-* **Runs.** ``seq`` restarts at 1 whenever an agent restarts; a :class:`~agent.protocol.NodeHello` starts a
+* **Runs.** ``seq`` restarts at 1 whenever an agent restarts; a :class:`~agent.telemetry.NodeHello` starts a
   new run (its ``boot_ns``) for its node, and the events after it belong to that run.
 
 One writer per file and per process (DuckDB lets one process open a file for writing, and then no other
@@ -39,7 +39,7 @@ import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from agent.protocol import Event, NodeHello, RequestFinished, RequestRefused, StepEvent
+from agent.telemetry import Event, NodeHello, RequestFinished, RequestRefused, StepEvent
 from store.convert import ROUTES, to_arrow
 from store.schema import TABLES, StoreError, connect
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from serve_harness import TOKEN
 
-from agent.bench import BenchConfig
-from agent.cli_serve import make_node
-from agent.hub import Hub
-from agent.node import Node
-from agent.protocol import Alert, Event, OkReply, SetBatchPolicy
+from agent.bench.runner import BenchConfig
+from agent.cli.serve import make_node
+from agent.runtime.node import Node
+from agent.service.hub import Hub
+from agent.telemetry import Alert, Event, OkReply, SetBatchPolicy
 from agent.workload.spec import parse_workload
 from store.writer import StoreWriter
 

@@ -11,11 +11,11 @@ from typing import TypeVar
 
 import duckdb
 
-from agent.bench import BenchConfig
-from agent.cli_serve import make_node
-from agent.hub import Hub
-from agent.protocol import StepEvent
-from agent.server import AgentServer
+from agent.bench.runner import BenchConfig
+from agent.cli.serve import make_node
+from agent.service.hub import Hub
+from agent.service.server import AgentServer
+from agent.telemetry import StepEvent
 from agent.workload.spec import parse_workload
 from policies.types import StepMode
 

@@ -32,8 +32,9 @@ def test_policies_stay_pure(module: str) -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "agent.node", "agent.bench", "agent.cli", "agent.engine.sim", "agent.protocol", "agent.wire", "agent.hub",
-        "agent.server", "agent.client", "agent.metrics", "agent.cli_serve", "agent.served",
+        "agent.runtime.node", "agent.bench.runner", "agent.cli.main", "agent.engine.sim", "agent.telemetry",
+        "agent.telemetry.stream", "agent.service.hub", "agent.service.server", "agent.telemetry.client",
+        "agent.service.metrics", "agent.cli.serve", "agent.runtime.port", "agent.runtime.events",
     ],
 )
 def test_agent_runtime_needs_no_vllm_or_ui(module: str) -> None:
@@ -43,15 +44,16 @@ def test_agent_runtime_needs_no_vllm_or_ui(module: str) -> None:
 
 def test_protocol_is_light_enough_for_console_and_store() -> None:
     """The console and the store import the protocol: it must not bring the engine, the node or a server."""
-    loaded = loaded_modules_after("agent.protocol")
+    loaded = loaded_modules_after("agent.telemetry")
     assert "msgspec" in loaded
     heavy = {m for m in loaded if m.split(".")[0] in {"vllm", "torch", "textual", "duckdb", "websockets"}}
-    engine = {m for m in loaded if m.startswith(("agent.engine", "agent.node", "agent.wire", "agent.server"))}
+    engine = {m for m in loaded
+              if m.startswith(("agent.engine", "agent.runtime", "agent.service", "agent.telemetry.stream"))}
     assert not heavy | engine, heavy | engine
 
 
 def test_serve_commands_load_the_store_only_when_recording() -> None:
-    loaded = loaded_modules_after("agent.cli_serve")
+    loaded = loaded_modules_after("agent.cli.serve")
     assert "websockets" in loaded and not any(m == "store" or m.startswith("store.") for m in loaded)
 
 
@@ -66,7 +68,7 @@ def test_console_state_model_is_plain(module: str) -> None:
     """The state model and its pure functions load no UI, no sockets, no database and no engine."""
     loaded = loaded_modules_after(module)
     heavy = {m for m in loaded if m.split(".")[0] in {"textual", "websockets", "duckdb", "store", "vllm", "torch"}}
-    engine = {m for m in loaded if m.startswith(("agent.engine", "agent.node", "agent.wire", "agent.client"))}
+    engine = {m for m in loaded if m.startswith(("agent.engine", "agent.runtime", "agent.telemetry.client"))}
     assert not heavy | engine, heavy | engine
 
 
@@ -78,12 +80,12 @@ def test_console_state_model_is_plain(module: str) -> None:
     ],
 )
 def test_console_runs_the_agent_as_a_child_and_imports_no_engine(module: str) -> None:
-    forbidden = ("agent.engine", "agent.node", "agent.wire", "agent.hub", "agent.server", "agent.cli", "agent.bench",
-                 "agent.workload", "vllm", "torch")
+    forbidden = ("agent.engine", "agent.runtime", "agent.service", "agent.cli", "agent.bench", "agent.workload", "vllm",
+                 "torch")
     loaded = loaded_modules_after(module)
     engine = {m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)}
     assert not engine, engine
-    assert "agent.protocol" in loaded or module == "console.demo"
+    assert "agent.telemetry" in loaded or module == "console.demo"
 
 
 @pytest.mark.parametrize("module", ["store.replay", "store.writer", "store.cli"])

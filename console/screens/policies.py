@@ -23,7 +23,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Header, Static
 
-from agent.protocol import ControlRequest, DrainUnit, DryRun, PauseUnit, ResumeUnit
+from agent.telemetry import ControlRequest, DrainUnit, DryRun, PauseUnit, ResumeUnit
 from console.control import ControlResult, send_control
 from console.model import NodeInfo
 from console.policy_view import (

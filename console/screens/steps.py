@@ -11,7 +11,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Static
 
-from agent.protocol import StepEvent
+from agent.telemetry import StepEvent
 from console.render import fmt_pct
 from console.screens.base import UnitKey, UnitScreen
 from console.state import ConsoleState

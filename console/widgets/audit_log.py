@@ -8,7 +8,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from agent.protocol import ControlAudit
+from agent.telemetry import ControlAudit
 from console.policy_view import audit_line
 
 

@@ -9,7 +9,7 @@ from typing import ClassVar, Final
 from rich.text import Text
 from textual.widget import Widget
 
-from agent.protocol import StageBoundaries
+from agent.telemetry import StageBoundaries
 from console.render import fmt_age
 from console.stages import boundary_columns, fmt_units
 from console.widgets.length_chart import LABEL_WIDTH

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from textual.widgets import Static
 
-from agent.protocol import StepEvent
+from agent.telemetry import StepEvent
 from console.render import fmt_age
 from console.steps import reason_lines, step_facts
 from console.widgets.rows import Row, rows_text

@@ -15,7 +15,7 @@ from typing import ClassVar, Final
 from rich.text import Text
 from textual.widget import Widget
 
-from agent.protocol import StepEvent
+from agent.telemetry import StepEvent
 from console.render import fmt_ms, fmt_si, sparkline
 from console.steps import MODE_GLYPHS, StepWindow, bar_rows, level_row, step_window
 from console.widgets.rows import Row, rows_text

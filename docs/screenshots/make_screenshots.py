@@ -27,10 +27,10 @@ from typing import Final
 from textual.pilot import Pilot
 from textual.widgets import TextArea
 
-from agent.bench import BenchConfig
-from agent.cli_serve import make_node
-from agent.hub import Hub
-from agent.protocol import Alert, Event, OkReply, SetBatchPolicy
+from agent.bench.runner import BenchConfig
+from agent.cli.serve import make_node
+from agent.service.hub import Hub
+from agent.telemetry import Alert, Event, OkReply, SetBatchPolicy
 from agent.workload.spec import parse_workload
 from console.app import MODE_TITLES, ConsoleApp
 from console.feeds import ReplayFeed

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchConfig, run_once
-from agent.report import slo_capacity
+from agent.bench.report import slo_capacity
+from agent.bench.runner import BenchConfig, run_once
 from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.protocol import StepEvent
+from agent.telemetry import StepEvent
 from console.app import ConsoleApp
 from console.feeds import LiveFeed
 

@@ -41,11 +41,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchConfig, build_units, run_once
+from agent.bench.report import slo_capacity
+from agent.bench.runner import BenchConfig, build_units, run_once
 from agent.engine.base import RequestOutcome
 from agent.engine.profiles import load_profile
-from agent.node import Node
-from agent.report import slo_capacity
+from agent.runtime.node import Node
 from agent.workload.spec import parse_workload
 from policies.dispatch.cascade_model import QoeCoefficients, fit_qoe, qoe_relative_error
 from policies.registry import make_dispatch_policy

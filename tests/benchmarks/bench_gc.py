@@ -1,15 +1,15 @@
-"""GC pauses of the node's engine loop, with and without ``agent.gc_control.GcController``.
+"""GC pauses of the node's engine loop, with and without ``agent.runtime.gc_control.GcController``.
 
     python tests/benchmarks/bench_gc.py [--mode both] [--speed 100] [--hours 1] [--ballast 0] [--repeat 1]
                                         [--set NAME=VALUE ...]
 
 Replays the Azure code trace (8,819 requests, one hour) through simulated H100 units the way
-``agent.bench.run_once`` builds them, keeping every step record and outcome alive (a live agent keeps
+``agent.bench.runner.run_once`` builds them, keeping every step record and outcome alive (a live agent keeps
 history), and measures every stop-the-world collection with :data:`gc.callbacks` while the loop runs.
 
 Two clocks:
 
-* ``wall``: :class:`agent.clock.WallClock` sped up ``--speed`` times, so that the loop really waits between
+* ``wall``: :class:`agent.runtime.clock.WallClock` sped up ``--speed`` times, so that the loop really waits between
   events and quiet periods occur (at 100x the hour takes about 36 s);
 * ``virtual``: no waiting at all, a fully loaded loop: the controller never sees a quiet period and only
   its fallback collects.
@@ -40,12 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from agent.bench import BenchConfig, build_units
-from agent.clock import Clock, VirtualClock, WallClock
+from agent.bench.runner import BenchConfig, build_units
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.profiles import load_profile
-from agent.gc_control import GcController, GcSettings
-from agent.node import Node
+from agent.runtime.clock import Clock, VirtualClock, WallClock
+from agent.runtime.gc_control import GcController, GcSettings
+from agent.runtime.node import Node
 from agent.workload.traces import load_trace
 from policies.registry import make_dispatch_policy
 

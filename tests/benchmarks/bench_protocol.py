@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_protocol.py [--events 200000] [--repeat 5]
 
-Builds ``--events`` step events the way the agent will (``agent.wire.step_event`` from a ``StepRecord``
+Builds ``--events`` step events the way the agent will (``agent.runtime.events.step_event`` from a ``StepRecord``
 carrying fairbatching's 16 reasons), then times, with ``time.perf_counter_ns``, encoding them all, decoding
 them all (typed, into ``Event``), the same as batch frames of 512 events (``Codec.encode_batch``,
 ``decode_agent_frame``), and the agent's per-event path before encoding (sequence stamp, ring append, offer
@@ -21,8 +21,9 @@ from collections.abc import Callable
 import msgspec
 
 from agent.engine.base import StepRecord
-from agent.protocol import CODECS, StepEvent
-from agent.wire import NodeOrigin, ReplayBuffer, Sequencer, Subscription, step_event
+from agent.runtime.events import NodeOrigin, step_event
+from agent.telemetry import CODECS, StepEvent
+from agent.telemetry.stream import ReplayBuffer, Sequencer, Subscription
 from policies.types import ReasonValue, StepMode
 
 REASONS: dict[str, ReasonValue] = {
@@ -32,7 +33,7 @@ REASONS: dict[str, ReasonValue] = {
     "decodes_held_back": 12, "predicted_step_ms": 28.375, "pab_tokens": 20480.5, "held_back_min_slack_ms": 31.0,
 }
 BATCH = 512
-"""Events per batch frame (what ``agent.client`` asks for); per-event figures are per event in the batches."""
+"""Events per batch frame (what ``agent.telemetry.client`` asks for); per-event figures are per event in the batches."""
 
 
 def records(n: int) -> list[StepRecord]:

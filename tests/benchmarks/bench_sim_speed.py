@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from agent.bench import BenchConfig, run_once
+from agent.bench.runner import BenchConfig, run_once
 from agent.engine.base import StepRecord
 from agent.workload.traces import load_trace
 

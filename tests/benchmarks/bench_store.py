@@ -24,7 +24,7 @@ from pathlib import Path
 
 import duckdb
 
-from agent.protocol import StepEvent
+from agent.telemetry import StepEvent
 from policies.types import StepMode
 from store.convert import to_arrow
 from store.queries import export_parquet, policy_summary, unit_balance

@@ -10,7 +10,7 @@
 attached: conversion, metrics, sequence numbers, replay buffer, no subscriber); *hub+sub* (the same and one
 subscription drained after every ``advance``, no sockets); *server* (``AgentServer`` on 127.0.0.1:0 driving
 the node on a wall clock far ahead of it, no subscriber); *server+ws* (the same and a websocket subscriber,
-``agent.client.open_session``, in another process, with batch frames of up to ``DEFAULT_MAX_BATCH`` events);
+``agent.telemetry.client.open_session``, in another process, with batch frames of up to ``DEFAULT_MAX_BATCH`` events);
 *server+ws1* (the same subscriber with one event per frame, the version-1 framing). Arrivals are shifted by
 one real second so the subscriber is in place before the first event. Unit-steps per second from the first
 event to the last.
@@ -23,7 +23,7 @@ highest speed at which the node keeps up with the wall clock (its next event nev
 then bisected to ``--resolution``; with the unit-steps per real second over that run and in its busiest second.
 
 ``e2e``: the agent (``AgentServer``, the same node, ``gc_control`` on as in ``trackside agent``) in a child
-process; ``agent.cli_serve.record`` with the real ``StoreWriter`` on a temporary DuckDB file in this one.
+process; ``agent.cli.serve.record`` with the real ``StoreWriter`` on a temporary DuckDB file in this one.
 Step rows committed per second (first write to the final commit), then the store is checked against the
 agent's sequencer: every seq 1..last_seq stored once, step rows = steps run, drops counted by the hub.
 
@@ -52,14 +52,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchConfig
-from agent.cli_serve import make_node, record
-from agent.client import DEFAULT_MAX_BATCH
-from agent.hub import Hub
-from agent.node import Node
-from agent.protocol import CODECS, Alert, Event, OkReply, StepEvent, Subscribe, Subscribed
-from agent.server import AgentServer
-from agent.wire import Sequencer, Subscription, parse_control
+from agent.bench.runner import BenchConfig
+from agent.cli.serve import make_node, record
+from agent.runtime.node import Node
+from agent.service.hub import Hub
+from agent.service.server import AgentServer
+from agent.telemetry import CODECS, Alert, Event, OkReply, StepEvent, Subscribe, Subscribed
+from agent.telemetry.client import DEFAULT_MAX_BATCH
+from agent.telemetry.stream import Sequencer, Subscription, parse_control
 from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec
@@ -220,7 +220,7 @@ def _subscriber_main(conn: Connection, max_batch: int) -> None:
     """Child process: subscribe to the agent whose URL comes through ``conn``; count until it closes."""
     from websockets.exceptions import ConnectionClosed
 
-    from agent.client import open_session
+    from agent.telemetry.client import open_session
 
     async def main() -> dict[str, Any]:
         conn.send("ready")

@@ -63,3 +63,21 @@ def cpu_vllm_config(*, max_num_batched_tokens: int = 512, max_num_seqs: int = 32
     extra = {"trackside_fake": {"num_blocks": num_blocks, "step_model": list(step_model)}, **(additional or {})}
     return VllmConfig(model_config=_model_config(max_model_len), scheduler_config=sched, cache_config=cache_cfg,
                       device_config=DeviceConfig(device="cpu"), additional_config=extra)
+
+
+def engine_versions() -> dict[str, str]:
+    """vLLM's and torch's versions and the GPU's name (where there is one), for a run's record; an import that
+    fails is reported under ``error``, never raised."""
+    out: dict[str, str] = {}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(0)
+        import vllm
+
+        out["vllm"] = vllm.__version__
+        out["torch"] = torch.__version__
+    except Exception as exc:  # report, never fail the run for it
+        out["error"] = repr(exc)
+    return out

@@ -1,0 +1,279 @@
+"""GPU validation of the vLLM integration (issue #7), one part per call so each fits a 10-minute GPU slot.
+
+    python -m agent.bench.vllm_validate sync     --model-8b DIR --out DIR   # plain vs vllm policy, SLO runs
+    python -m agent.bench.vllm_validate async    --model-8b DIR --out DIR   # the same throughput, async
+    python -m agent.bench.vllm_validate dispatch --model-1b DIR --out DIR   # 2 units on one GPU
+    python -m agent.bench.vllm_validate smoke --fake --out DIR              # the CPU path (fake executor)
+
+* ``sync``/``async``: the calibration's ShareGPT-like workload (1,000 requests at once, regenerated exactly
+  by :mod:`agent.engine.probe_workloads`) on plain vLLM and on the trackside scheduler with the ``vllm``
+  policy (output tokens/s; the calibration measured 5,900 with Llama-3.1-8B, sync). ``sync`` then runs a
+  bursty workload at about 70% of that capacity on the same engine with the ``vllm`` policy and with
+  ``fairbatching`` (swapped live over the control channel), and keeps every step record for the simulator
+  check (MAPE of the shipped profile's predictions against measured step times).
+* ``dispatch``: two engines of the 1B model on one GPU (``gpu_memory_utilization`` 0.4 each, started one
+  after the other), FairBatching on both, a bursty workload replayed under ``least_loaded``, ``sbs`` and
+  ``pab`` in turn on the same engines.
+
+Every part writes ``<part>.json`` (summaries, settings, step records in compact columns) under ``--out`` and
+prints a summary. Nothing is tuned between parts: workloads and SLOs are fixed here, before any run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.bench.vllm_runner import RunResult, run_workload
+from agent.engine.probe_workloads import probe_workloads
+from agent.engine.vllm.config import UnitSettings
+from agent.engine.vllm.cpu import engine_versions
+from agent.engine.vllm.unit import EngineOptions, VllmUnit
+from agent.workload.spec import parse_workload
+from agent.workload.types import RequestSpec
+from policies.registry import DISPATCH_POLICIES
+
+VOCAB = 128_256
+SLO_8B = (0.5, 0.05)
+"""TTFT and TPOT SLOs (s) of the 8B runs (the bench's defaults)."""
+SLO_1B = (0.3, 0.03)
+BURSTY_8B = "bursty:rate=16,n=1000"
+BURSTY_1B = "bursty:rate=60,n=3000"
+PROFILES = {"8b": "h100-llama31-8b", "1b": "h100-llama32-1b-shared"}
+SAVE: list[Path] = []
+"""Where the running part writes its partial result after every run (a killed call keeps what it measured)."""
+
+
+def _save(out: dict[str, Any]) -> None:
+    if SAVE:
+        SAVE[0].write_text(json.dumps(out, indent=1))
+
+
+def sharegpt_like() -> list[RequestSpec]:
+    w = next(w for w in probe_workloads() if w.tag == "sharegpt_like")
+    return [RequestSpec(f"s{i:04d}", 0.0, p, o) for i, (p, o) in enumerate(w.requests)]
+
+
+def warmup() -> list[RequestSpec]:
+    return [RequestSpec(f"w{i:02d}", 0.0, 128, 16) for i in range(8)]
+
+
+def columns(raw: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    keys = ("duration_s", "predicted_s", "num_prefill_tokens", "num_decode_tokens", "context_tokens",
+            "num_running", "kv_used_blocks", "plan_us", "mode")
+    return {k: [r.get(k) for r in raw] for k in keys}
+
+
+def mape(raw: list[dict[str, Any]], coefs: tuple[float, float, float] | None) -> dict[str, Any]:
+    steps = [r for r in raw if r["num_prefill_tokens"] + r["num_decode_tokens"] > 0]
+    if not steps:
+        return {}
+    out: dict[str, Any] = {"steps": len(steps)}
+    online = [abs(r["predicted_s"] - r["duration_s"]) / r["duration_s"] for r in steps]
+    out["online_model_mape"] = round(sum(online) / len(online), 4)
+    if coefs is not None:
+        a, b, c = coefs
+        err = [abs(a + b * (r["num_prefill_tokens"] + r["num_decode_tokens"]) + c * r["context_tokens"]
+                   - r["duration_s"]) / r["duration_s"] for r in steps]
+        out["profile_mape"] = round(sum(err) / len(err), 4)
+        err.sort()
+        out["profile_ape_p50"] = round(err[len(err) // 2], 4)
+    plan = sorted(r.get("plan_us") or 0.0 for r in steps)
+    out["plan_us_p50"] = plan[len(plan) // 2]
+    out["plan_us_p99"] = plan[min(len(plan) - 1, int(0.99 * len(plan)))]
+    return out
+
+
+def profile_coefs(name: str) -> tuple[float, float, float] | None:
+    try:
+        from agent.engine.profiles import load_profile
+    except Exception:  # numpy missing on the device would be the only reason
+        return None
+    c = load_profile(name).coefficients
+    return (c.a_s, c.b_s, c.c_s)
+
+
+async def _run(units: list[VllmUnit], dispatch: str, requests: list[RequestSpec], slo: tuple[float, float],
+               label: str) -> tuple[dict[str, Any], RunResult]:
+    t = time.time()
+    res = await run_workload(units, DISPATCH_POLICIES[dispatch](), requests, ttft_slo_s=slo[0], tpot_slo_s=slo[1],
+                             vocab=VOCAB, progress=True)
+    s = res.summary()
+    s["label"] = label
+    s["dispatch"] = dispatch
+    print(f"[{label}] {json.dumps(s)}  ({time.time() - t:.0f}s)", flush=True)
+    return s, res
+
+
+def _start(unit: VllmUnit) -> float:
+    t = time.time()
+    unit.start()
+    dt = time.time() - t
+    print(f"unit {unit.unit_id} started in {dt:.0f}s (plain={unit.options.plain}, "
+          f"blocks={unit.num_blocks})", flush=True)
+    return dt
+
+
+async def part_throughput(args: argparse.Namespace, async_sched: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"runs": [], "async_scheduling": async_sched}
+    work = sharegpt_like()
+    for plain in (True, False):
+        opts = EngineOptions(model=args.model_8b, load_format="dummy", gpu_memory_utilization=0.9,
+                             async_scheduling=async_sched, plain=plain, enforce_eager=args.eager)
+        unit = VllmUnit(0, opts, UnitSettings(policy="vllm", coefficients=profile_coefs(PROFILES["8b"])),
+                        **_fake(args, 0))
+        start_s = _start(unit)
+        await _run([unit], "round_robin", warmup(), SLO_8B, "warmup")
+        label = "plain" if plain else "trackside-vllm"
+        summary, res = await _run([unit], "round_robin", work, SLO_8B, f"throughput-{label}")
+        summary["engine_start_s"] = round(start_s, 1)
+        if not plain:
+            summary["sim_check"] = mape(res.raw[0], profile_coefs(PROFILES["8b"]))
+        out["runs"].append(summary)
+        _save(out)
+        if not plain and not async_sched and not args.skip_slo:
+            bursty = parse_workload(BURSTY_8B, seed=0)
+            for policy in ("vllm", "fairbatching"):
+                # An idle engine schedules nothing: the swap applies at the first step of the run.
+                mid = unit.send_control({"op": "set_policy", "name": policy, "params": {}})
+                s, r = await _run([unit], "round_robin", bursty, SLO_8B, f"slo-{policy}")
+                reply = unit.control_replies.pop(mid, {})
+                s["policy_swap_ok"] = bool(reply.get("ok"))
+                s["step_policies"] = sorted({x["policy"] for x in r.raw[0]})
+                s["batch_policy"] = policy
+                s["workload"] = BURSTY_8B
+                s["sim_check"] = mape(r.raw[0], profile_coefs(PROFILES["8b"]))
+                out["runs"].append(s)
+                out.setdefault("steps", {})[policy] = columns(r.raw[0])
+                _save(out)
+        await unit.stop()
+        del unit
+        gc.collect()
+        await asyncio.sleep(2)
+    plain_tps = out["runs"][0]["output_tok_s"]
+    ours = next(r for r in out["runs"] if r["label"] == "throughput-trackside-vllm")["output_tok_s"]
+    out["trackside_over_plain"] = round(ours / plain_tps, 4) if plain_tps else None
+    return out
+
+
+async def part_slo(args: argparse.Namespace) -> dict[str, Any]:
+    """The batch policies on one 8B engine at a load near its capacity (``--workload``), async scheduling."""
+    out: dict[str, Any] = {"runs": [], "workload": args.workload, "slo": SLO_8B, "async_scheduling": True}
+    opts = EngineOptions(model=args.model_8b, load_format="dummy", gpu_memory_utilization=0.9,
+                         async_scheduling=True, enforce_eager=args.eager)
+    unit = VllmUnit(0, opts, UnitSettings(policy="vllm", coefficients=profile_coefs(PROFILES["8b"])),
+                    **_fake(args, 0))
+    _start(unit)
+    await _run([unit], "round_robin", warmup(), SLO_8B, "warmup")
+    work = parse_workload(args.workload, seed=0)
+    for policy in ("vllm", "fairbatching"):
+        mid = unit.send_control({"op": "set_policy", "name": policy, "params": {}})
+        s, r = await _run([unit], "round_robin", work, SLO_8B, f"slo-{policy}")
+        s["policy_swap_ok"] = bool(unit.control_replies.pop(mid, {}).get("ok"))
+        s["step_policies"] = sorted({x["policy"] for x in r.raw[0]})
+        s["batch_policy"] = policy
+        s["sim_check"] = mape(r.raw[0], profile_coefs(PROFILES["8b"]))
+        out["runs"].append(s)
+        _save(out)
+    await unit.stop()
+    return out
+
+
+async def part_dispatch(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"runs": [], "workload": BURSTY_1B, "slo": SLO_1B}
+    units = []
+    for i in range(2):
+        opts = EngineOptions(model=args.model_1b, load_format="dummy", gpu_memory_utilization=0.4,
+                             async_scheduling=False, enforce_eager=args.eager)
+        unit = VllmUnit(i, opts, UnitSettings(policy="fairbatching", coefficients=profile_coefs(PROFILES["1b"])),
+                        **_fake(args, i))
+        _start(unit)
+        units.append(unit)
+    await _run(units, "round_robin", warmup(), SLO_1B, "warmup")
+    work = parse_workload(BURSTY_1B, seed=0)
+    for dispatch in ("least_loaded", "sbs", "pab"):
+        s, r = await _run(units, dispatch, work, SLO_1B, f"dispatch-{dispatch}")
+        kv_spread = []
+        for recs in zip(*(r.raw[u.unit_id] for u in units), strict=False):
+            kv = [x["kv_used_blocks"] for x in recs]
+            kv_spread.append(max(kv) - min(kv))
+        s["kv_blocks_spread_mean"] = round(sum(kv_spread) / len(kv_spread), 1) if kv_spread else None
+        s["sim_check"] = {u.unit_id: mape(r.raw[u.unit_id], profile_coefs(PROFILES["1b"])) for u in units}
+        s["per_unit_requests"] = {u.unit_id: sum(1 for o in r.outcomes if o.unit_id == u.unit_id) for u in units}
+        out["runs"].append(s)
+        _save(out)
+        await asyncio.sleep(1)
+    for u in units:
+        await u.stop()
+    return out
+
+
+HISTORY = 500_000
+"""Step records and outcomes each unit keeps: every one of a part's runs (the analysis reads them all)."""
+
+
+def _fake(args: argparse.Namespace, unit_id: int) -> dict[str, Any]:
+    """The unit's extra arguments: its history, and in CPU smoke mode a tiny model config on the CPU with the fake
+    executor (no GPU)."""
+    if not args.fake:
+        return {"history": HISTORY}
+    from agent.engine.vllm.cpu import cpu_vllm_config
+    from agent.engine.vllm.fake_executor import FakeExecutor
+
+    return {"vllm_config": cpu_vllm_config(async_scheduling=False), "executor_class": FakeExecutor,
+            "history": HISTORY}
+
+
+async def part_smoke(args: argparse.Namespace) -> dict[str, Any]:
+    global BURSTY_8B, BURSTY_1B
+    BURSTY_8B = "bursty:rate=20,n=60"
+    BURSTY_1B = "bursty:rate=40,n=60"
+    sys.modules[__name__].sharegpt_like = lambda: [RequestSpec(f"s{i:03d}", 0.0, 100 + i, 20) for i in range(40)]  # type: ignore[attr-defined]
+    return {"sync": await part_throughput(args, False), "dispatch": await part_dispatch(args)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m agent.bench.vllm_validate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("part", choices=("sync", "async", "slo", "dispatch", "smoke"))
+    ap.add_argument("--workload", default="bursty:rate=24,n=1000", help="the slo part's workload")
+    ap.add_argument("--model-8b", default=os.path.abspath(".gpu/models/llama31-8b"))
+    ap.add_argument("--model-1b", default=os.path.abspath(".gpu/models/llama32-1b"))
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
+    ap.add_argument("--skip-slo", action="store_true")
+    ap.add_argument("--fake", action="store_true", help="CPU: tiny model, fake executor (smoke test of the path)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t = time.time()
+    SAVE.append(args.out / f"{args.part}.partial.json")
+    if args.part == "sync":
+        result = asyncio.run(part_throughput(args, False))
+    elif args.part == "async":
+        result = asyncio.run(part_throughput(args, True))
+    elif args.part == "slo":
+        result = asyncio.run(part_slo(args))
+    elif args.part == "dispatch":
+        result = asyncio.run(part_dispatch(args))
+    else:
+        args.fake = True
+        result = asyncio.run(part_smoke(args))
+    result["machine"] = {"host": platform.node(), "python": platform.python_version(), "date": time.strftime("%F")}
+    result["machine"].update(engine_versions())
+    result["elapsed_s"] = round(time.time() - t, 1)
+    path = args.out / f"{args.part}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path} ({result['elapsed_s']}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""The ``trackside`` command line.
+
+Subcommands: ``bench`` (replay a workload through simulated units), ``policies`` (every policy and its
+parameters), ``profiles`` (calibration profiles and their fit error). Errors in what the user typed or
+gave us (a bad trace line, an unknown policy, a parameter out of range) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agent.bench.runner import TOPOLOGIES, BenchConfig, Fault, RunResult, run_once, scale_arrivals
+from agent.cli.calibrate import CALIBRATE_COMMANDS, add_calibrate_command
+from agent.cli.render import (
+    policies_json,
+    policies_text,
+    profiles_table,
+    render_cluster,
+    render_peaks,
+    render_runs,
+    render_units,
+)
+from agent.cli.serve import HANDLED_ERRORS, SERVE_COMMANDS, add_serve_commands
+from agent.engine.profiles import UnknownProfileError, fit_report, list_profiles, load_profile
+from agent.workload.spec import describe_presets, parse_workload
+from agent.workload.traces import load_trace
+from agent.workload.types import RequestSpec, WorkloadError
+from policies.params import ParamError, parse_assignments
+from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES, UnknownPolicyError
+from store.cli import STORE_COMMANDS, add_store_commands
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A problem with what the user asked for: printed as one line, exit status 2."""
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trackside",
+        description="Operator console and control plane for LLM serving: research scheduling policies, "
+        "step telemetry, and a simulator calibrated on H100 measurements.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    presets = "; ".join(f"{name}: {text}" for name, text in describe_presets())
+    bench = sub.add_parser(
+        "bench",
+        help="replay a trace or synthetic workload through simulated engine units",
+        description="Replay a workload through simulated engine units in virtual time (as fast as the "
+        "machine allows, deterministic for a seed), then print throughput, goodput, TTFT/TPOT "
+        "percentiles, SLO attainment and per-unit load.",
+        epilog=f"Workload presets: {presets}. Example: trackside bench --trace "
+        "examples/traces/azure_code_2023.csv --units 4 --batch-policy vllm --dispatch least_loaded "
+        "--json out.json",
+    )
+    src = bench.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", type=Path, help="trace file: Azure LLM trace CSV or trackside JSONL")
+    src.add_argument(
+        "--workload", metavar="SPEC",
+        help="synthetic workload NAME[:key=value,...], e.g. sharegpt-like or bursty:rate=12,n=2000",
+    )
+    bench.add_argument("--units", type=int, default=4, help="simulated DP units (default 4)")
+    bench.add_argument("--batch-policy", default="vllm", help="per-step batch policy (default vllm)")
+    bench.add_argument(
+        "--dispatch", default="least_loaded",
+        help="dispatch policy, or several comma-separated to compare them (default least_loaded)",
+    )
+    bench.add_argument(
+        "--compare", metavar="P1,P2,...", help="compare these batch policies side by side (overrides "
+        "--batch-policy)",
+    )
+    bench.add_argument(
+        "--sweep", metavar="time-scale=V1,V2,...",
+        help="load sweep over arrival time scales; reports each policy's peak goodput",
+    )
+    bench.add_argument(
+        "--param", action="append", default=[], metavar="NAME=VALUE",
+        help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy",
+    )
+    bench.add_argument("--profile", default="h100-llama31-8b", help="calibration profile (see `trackside "
+                       "profiles`; default h100-llama31-8b), or a profile file from `trackside calibrate`")
+    bench.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
+    bench.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
+    bench.add_argument(
+        "--slo-target", type=float, default=0.9,
+        help="attainment at which a sweep reports the sustained load (default 0.9 = 90%% of requests)",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="random seed (workload generation, noise)")
+    bench.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="multiply inter-arrival times (2 = half the load; default 1)",
+    )
+    bench.add_argument("--limit", type=int, help="replay only the first N requests")
+    bench.add_argument("--noise", action="store_true", help="apply the profile's measured step-time noise")
+    bench.add_argument(
+        "--heterogeneity", action="store_true",
+        help="apply the measured slowdown of length-heterogeneous batches (at most +9.5%%)",
+    )
+    bench.add_argument("--no-online-fit", action="store_true", help="keep policies' step model at the profile")
+    bench.add_argument("--max-num-seqs", type=int, help="override the profile's max_num_seqs")
+    bench.add_argument("--max-num-batched-tokens", type=int, help="override the profile's token budget cap")
+    bench.add_argument("--kv-blocks", type=int, help="override the profile's KV capacity (blocks)")
+    bench.add_argument(
+        "--topology", choices=TOPOLOGIES, default="colocated",
+        help="colocated: every unit prefills and decodes (default); disaggregated: prefill units hand requests "
+        "with their KV to decode units",
+    )
+    bench.add_argument("--prefill-units", type=int, help="disaggregated: units in the prefill pool (default half)")
+    bench.add_argument(
+        "--lockstep", action="store_true",
+        help="DP+EP: all units step together and a step lasts as long as the slowest unit's",
+    )
+    bench.add_argument(
+        "--migration", choices=("live", "recompute"), default="live",
+        help="how a moved request's KV travels: live copy over the link (default) or recompute on the target",
+    )
+    bench.add_argument(
+        "--kv-bandwidth-gb-s", type=float, default=50.0,
+        help="link bandwidth for KV transfers in GB/s (default 50, one 400 Gb/s NIC)",
+    )
+    bench.add_argument(
+        "--fault", action="append", default=[], metavar="UNIT@S[+DOWN]",
+        help="unit UNIT fails at S seconds (node time) and comes back after DOWN seconds (repeatable); its "
+        "requests go back to the dispatcher and recompute elsewhere",
+    )
+    bench.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    pol = sub.add_parser("policies", help="list every policy with its parameters")
+    pol.add_argument("--json", action="store_true", help="print the parameter schemas as JSON")
+    prof = sub.add_parser("profiles", help="list calibration profiles and their fit error on their records")
+    prof.add_argument("--json", action="store_true", help="print the fit report as JSON")
+    add_serve_commands(sub)
+    add_store_commands(sub)
+    add_calibrate_command(sub)
+    for name, text in UI_COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
+UI_COMMANDS = {
+    "console": "the operator console (Textual): live agents, or --replay a store (see `trackside console --help`)",
+    "demo": "the console on a local simulated agent replaying a workload, recording to DuckDB (see `trackside demo "
+    "--help`)",
+}
+"""Commands of the ``console`` package. The agent imports no UI: these hand the process over to
+``python -m console`` with the same arguments."""
+
+
+def _hand_over_to_console(argv: Sequence[str], *, replace_process: bool) -> int:
+    """Run ``python -m console ARGV``: in place of this process (the command line), or as a child whose exit
+    status is returned (an in-process call, e.g. from a test)."""
+    command = [sys.executable, "-m", "console", *argv]
+    if replace_process:
+        os.execv(sys.executable, command)
+    return subprocess.call(command)
+
+
+def _load_workload(args: argparse.Namespace) -> list[RequestSpec]:
+    if args.limit is not None and args.limit < 1:
+        raise CliError("--limit must be >= 1")
+    if args.time_scale <= 0:
+        raise CliError("--time-scale must be > 0")
+    if args.trace is not None:
+        return load_trace(args.trace, time_scale=args.time_scale, limit=args.limit)
+    requests = parse_workload(args.workload, seed=args.seed)
+    if args.time_scale != 1.0:
+        requests = scale_arrivals(requests, args.time_scale)
+    return requests[: args.limit] if args.limit else requests
+
+
+def _faults(texts: Sequence[str]) -> list[Fault]:
+    try:
+        return [Fault.parse(t) for t in texts]
+    except ValueError as exc:
+        raise CliError(f"--fault: {exc}") from None
+
+
+def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
+    if args.units < 1:
+        raise CliError("--units must be >= 1")
+    batch_policies = _csv(args.compare) if args.compare else [args.batch_policy]
+    dispatches = _csv(args.dispatch)
+    if not batch_policies or not dispatches:
+        raise CliError("name at least one batch policy and one dispatch policy")
+    for name in batch_policies:
+        if name not in BATCH_POLICIES:
+            raise CliError(f"unknown batch policy {name!r} (known: {', '.join(sorted(BATCH_POLICIES))})")
+    for name in dispatches:
+        if name not in DISPATCH_POLICIES:
+            raise CliError(f"unknown dispatch policy {name!r} (known: {', '.join(sorted(DISPATCH_POLICIES))})")
+    scales = [1.0]
+    if args.sweep:
+        key, sep, values = args.sweep.partition("=")
+        if key.strip() != "time-scale" or not sep:
+            raise CliError(f"--sweep takes time-scale=V1,V2,... (got {args.sweep!r})")
+        try:
+            scales = [float(v) for v in _csv(values)]
+        except ValueError:
+            raise CliError(f"--sweep: time scales must be numbers (got {values!r})") from None
+        if not scales or min(scales) <= 0:
+            raise CliError("--sweep: give at least one time scale, each > 0")
+    params = parse_assignments(args.param)
+    for key in params:
+        owner, dot, name = key.rpartition(".")
+        if not dot:
+            continue
+        cls = BATCH_POLICIES.get(owner) or DISPATCH_POLICIES.get(owner)
+        if cls is None:
+            raise CliError(f"--param {key}: no policy named {owner!r}")
+        if name not in {p.name for p in cls.params_schema}:
+            known = ", ".join(p.name for p in cls.params_schema) or "none"
+            raise CliError(f"--param {key}: {owner} has no parameter {name!r} (its parameters: {known})")
+    base = BenchConfig(
+        profile=args.profile, units=args.units, params=params, ttft_slo_ms=args.slo_ttft_ms,
+        tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, noise=args.noise, heterogeneity=args.heterogeneity,
+        online_fit=not args.no_online_fit, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.kv_blocks,
+        topology=args.topology, prefill_units=args.prefill_units, lockstep=args.lockstep, migration=args.migration,
+        kv_bandwidth_gb_s=args.kv_bandwidth_gb_s, faults=tuple(_faults(args.fault)),
+    )
+    try:
+        base.roles()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.kv_bandwidth_gb_s <= 0:
+        raise CliError("--kv-bandwidth-gb-s must be > 0")
+    if any(f.unit_id >= args.units for f in base.faults):
+        raise CliError(f"--fault names a unit beyond --units {args.units} (units are 0..{args.units - 1})")
+    if args.slo_ttft_ms <= 0 or args.slo_tpot_ms <= 0:
+        raise CliError("SLO targets must be > 0 ms")
+    for opt, value in (("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens",
+                       args.max_num_batched_tokens), ("--kv-blocks", args.kv_blocks)):
+        if value is not None and value < 1:
+            raise CliError(f"{opt} must be >= 1")
+    runs = []
+    for scale in scales:
+        for bp in batch_policies:
+            for dp in dispatches:
+                runs.append(replace(base, batch_policy=bp, dispatch=dp, time_scale=scale))
+    return runs
+
+
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    requests = _load_workload(args)
+    if not requests:
+        raise CliError("the workload has no requests")
+    if not 0.0 < args.slo_target <= 1.0:
+        raise CliError("--slo-target must be in (0, 1]")
+    configs = _plan_runs(args)
+    load_profile(args.profile)  # fail early on an unknown profile
+    results: list[RunResult] = []
+    show = not args.no_progress
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+        TimeElapsedColumn(), console=Console(stderr=True), disable=not show, transient=False,
+    ) as progress:
+        for config in configs:
+            label = f"{config.batch_policy}/{config.dispatch}"
+            if args.sweep:
+                label += f" x{config.time_scale:g}"
+            task = progress.add_task(label, total=len(requests))
+
+            def report(done: int, total: int, task: Any = task) -> None:
+                progress.update(task, completed=done)
+
+            result = run_once(config, requests, progress=report)
+            progress.update(task, completed=len(requests))
+            results.append(result)
+            if result.unfinished:
+                console.print(
+                    f"[yellow]warning:[/] {result.unfinished} requests could not be scheduled "
+                    f"({label}); they count as missed"
+                )
+    single = len(results) == 1
+    render_runs(console, results)
+    if single or any(r.config.dispatch != results[0].config.dispatch for r in results) or args.topology != (
+        "colocated"
+    ) or args.fault:
+        render_cluster(console, results)
+    if single:
+        render_units(console, results[0])
+    if args.sweep:
+        render_peaks(console, results, args.slo_target)
+    if args.json:
+        payload: dict[str, Any]
+        if single:
+            r = results[0]
+            payload = {"summary": r.summary, "config": _config_json(r, args), "cluster": r.cluster, "units": r.units}
+        else:
+            payload = {"runs": [r.as_run() for r in results], "config": _config_json(results[0], args)}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _config_json(result: RunResult, args: argparse.Namespace) -> dict[str, Any]:
+    cfg = result.config.describe()
+    cfg["batch_params"] = result.batch_params
+    cfg["dispatch_params"] = result.dispatch_params
+    cfg["workload"] = str(args.trace) if args.trace is not None else args.workload
+    cfg["limit"] = args.limit
+    cfg["input_time_scale"] = args.time_scale
+    return cfg
+
+
+def cmd_policies(args: argparse.Namespace, console: Console) -> int:
+    if args.json:
+        payload = {
+            "batch": policies_json(BATCH_POLICIES.values()),
+            "dispatch": policies_json(DISPATCH_POLICIES.values()),
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    print(policies_text("Batch policies (per step, per unit)", BATCH_POLICIES.values()))
+    print()
+    print(policies_text("Dispatch policies (across DP units)", DISPATCH_POLICIES.values()))
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
+    reports = {name: fit_report(name) for name in list_profiles()}
+    if args.json:
+        print(json.dumps(reports, indent=2))
+    else:
+        console.print(profiles_table(reports))
+    return 0
+
+
+COMMANDS = {
+    "bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles, **SERVE_COMMANDS, **STORE_COMMANDS,
+    **CALIBRATE_COMMANDS,
+}
+USER_ERRORS: tuple[type[Exception], ...] = (
+    CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError, *HANDLED_ERRORS,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] in UI_COMMANDS:
+        return _hand_over_to_console(args_list, replace_process=argv is None)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console()
+    try:
+        return COMMANDS[args.command](args, console)
+    except USER_ERRORS as exc:
+        # KeyError subclasses would print their message quoted: take the argument as it is.
+        message = str(exc.args[0]) if exc.args else str(exc)
+        print(f"trackside {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

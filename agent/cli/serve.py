@@ -1,0 +1,578 @@
+"""``trackside agent``, ``trackside ctl`` and ``trackside record``: the live agent, its control, its recorder.
+
+``agent`` runs simulated units live (wall clock, ``--speed`` times real time) behind the websocket server, or
+(``--engine vllm``) vLLM engines, optionally behind an OpenAI-compatible intake (``agent.service.launch``);
+``ctl`` sends one control request and prints the reply (exit 2 with one line on an error reply, 1 when the
+agent cannot be reached); ``record`` subscribes to agents and writes their events through
+``store.writer.StoreWriter``, resuming each agent where the store stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import math
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+from websockets.exceptions import WebSocketException
+
+from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
+from agent.engine.profiles import load_profile
+from agent.runtime.node import Node
+from agent.service.hub import Hub
+from agent.service.server import AgentServer, server_ssl_context
+from agent.telemetry import (
+    ControlAudit,
+    ControlRequest,
+    DrainUnit,
+    DryRun,
+    ErrorReply,
+    Event,
+    ListPolicies,
+    NodeHello,
+    OkReply,
+    PauseUnit,
+    PolicyList,
+    Reply,
+    ResumeUnit,
+    SetBatchPolicy,
+    SetDispatchPolicy,
+    SetParams,
+    Status,
+    StatusInfo,
+)
+from agent.telemetry.client import AgentError, TokenFileError, open_session, read_token, stream_batches
+from agent.workload.spec import parse_workload
+from agent.workload.traces import load_trace
+from agent.workload.types import RequestSpec
+from policies.params import parse_assignments
+
+EXIT_ERROR_REPLY = 2
+EXIT_UNREACHABLE = 1
+log = logging.getLogger("trackside")
+
+
+class ServeError(Exception):
+    """A problem with what the user asked for (printed as one line, exit 2)."""
+
+
+def add_serve_commands(sub: Any) -> None:
+    """Add ``agent``, ``ctl`` and ``record`` to the ``trackside`` subparsers."""
+    agent = sub.add_parser(
+        "agent", help="run simulated units or vLLM engines live behind the websocket server",
+        description="Run a node live (wall clock) and serve its telemetry, control and /metrics on a websocket. "
+        "--engine sim (default) replays a workload through simulated units; --engine vllm runs vLLM engines as "
+        "units (their steps scheduled by the batch policy, requests placed by the dispatch policy) and serves "
+        "them over the OpenAI API (--serve-openai), replays a workload, or both: the same telemetry and "
+        "control as simulated units. Stops on SIGINT/SIGTERM, or when the workload ends (without "
+        "--serve-openai).",
+        epilog="Example: trackside agent --engine vllm --model /models/Llama-3.1-8B-Instruct --units 2 "
+        "--gpu-memory-utilization 0.45 --batch-policy fairbatching --dispatch sbs --serve-openai 127.0.0.1:8000. "
+        "On a CPU: trackside agent --engine vllm --fake-executor --units 2 --serve-openai 127.0.0.1:8000.",
+    )
+    agent.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                       help="sim: simulated units (default); vllm: vLLM engines (needs the vllm extra)")
+    src = agent.add_mutually_exclusive_group()
+    src.add_argument("--workload", metavar="SPEC", help="synthetic workload NAME[:key=value,...]")
+    src.add_argument("--trace", type=Path, help="trace file (Azure CSV or trackside JSONL)")
+    agent.add_argument("--units", type=int, help="DP units (default 4 simulated, 1 vLLM engine)")
+    agent.add_argument("--batch-policy", default="vllm", help="per-step batch policy (default vllm)")
+    agent.add_argument("--dispatch", default="least_loaded", help="dispatch policy (default least_loaded)")
+    agent.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                       help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy")
+    agent.add_argument("--profile",
+                       help="calibration profile (default h100-llama31-8b), or a file from `trackside calibrate`; "
+                       "for vLLM engines the policies' prior step model (default: the scheduler's)")
+    agent.add_argument("--seed", type=int, default=0, help="random seed of the synthetic workload")
+    agent.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
+    agent.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
+    agent.add_argument("--topology", choices=TOPOLOGIES, default="colocated",
+                       help="colocated (default) or disaggregated prefill and decode pools")
+    agent.add_argument("--prefill-units", type=int, help="disaggregated: units in the prefill pool (default half)")
+    agent.add_argument("--lockstep", action="store_true", help="DP+EP: all units step together")
+    agent.add_argument("--migration", choices=("live", "recompute"), default="live",
+                       help="how moved requests' KV travels (default live)")
+    agent.add_argument("--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="default 127.0.0.1:7700")
+    agent.add_argument("--token-file", type=Path, help="control token (without it, control is disabled)")
+    agent.add_argument("--speed", type=float, default=1.0, help="node seconds per real second (default 1)")
+    agent.add_argument("--node-id", default=socket.gethostname())
+    agent.add_argument("--replay-events", type=int, default=65536, help="events kept for resumes")
+    agent.add_argument("--slack-sample-ms", type=float, default=250.0, metavar="MS",
+                       help="node time between slack samples of the running requests (default 250, 0: off)")
+    agent.add_argument("--tls-cert", type=Path)
+    agent.add_argument("--tls-key", type=Path)
+    add_vllm_options(agent)
+
+    ctl = sub.add_parser("ctl", help="send one control request to an agent and print the reply")
+    ctl.add_argument("uri", help="ws://HOST:PORT")
+    ctl.add_argument("--token-file", type=Path)
+    ctl.add_argument("--json", action="store_true", help="print the reply as JSON")
+    ctl.add_argument("--dry-run", action="store_true", help="validate a set-* change without applying it")
+    actions = ctl.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("status")
+    actions.add_parser("policies")
+    sp = actions.add_parser("set-policy")
+    sp.add_argument("--unit", type=int, action="append", help="unit id (repeatable; default every unit)")
+    sp.add_argument("name")
+    sp.add_argument("--param", action="append", default=[], metavar="K=V")
+    sd = actions.add_parser("set-dispatch")
+    sd.add_argument("name")
+    sd.add_argument("--param", action="append", default=[], metavar="K=V")
+    pa = actions.add_parser("set-param")
+    pa.add_argument("--unit", type=int, action="append")
+    pa.add_argument("--dispatch", action="store_true", help="change the dispatcher's parameters")
+    pa.add_argument("assignments", nargs="+", metavar="K=V")
+    for mode in ("pause", "drain", "resume"):
+        actions.add_parser(mode).add_argument("--unit", type=int, required=True)
+
+    rec = sub.add_parser("record", help="subscribe to agents and write their events to a store")
+    rec.add_argument("uris", nargs="+", metavar="URI")
+    rec.add_argument("--db", type=Path, required=True)
+    rec.add_argument("--flush-s", type=float, default=1.0, help="flush at least this often (default 1 s)")
+    rec.add_argument("--retention", type=_duration_s, metavar="DURATION",
+                     help="keep this much history (e.g. 7d, 12h, 1h30m): older events are deleted at the start "
+                     "and then every tenth of it, at most an hour apart (default: keep everything)")
+
+
+def add_vllm_options(agent: Any) -> None:
+    """The ``--engine vllm`` options of ``trackside agent``."""
+    v = agent.add_argument_group("vLLM engines (--engine vllm)")
+    v.add_argument("--model", metavar="DIR", help="model folder (with config.json) or Hugging Face name")
+    v.add_argument("--load-format", default="auto", help="vLLM's load format; dummy: random weights (default auto)")
+    v.add_argument("--fake-executor", action="store_true",
+                   help="CPU: a tiny built-in model on an executor that runs no model (no GPU, no weights)")
+    v.add_argument("--serve-openai", metavar="HOST:PORT",
+                   help="serve the OpenAI completions API there (HOST defaults to 127.0.0.1; port 0: any free one)")
+    v.add_argument("--served-model-name", help="the model id OpenAI clients name (default: --model)")
+    v.add_argument("--tokenizer", action="store_true",
+                   help="load the model's tokenizer: text prompts and text back (default: token ids only)")
+    v.add_argument("--gpu-memory-utilization", type=float, metavar="SHARE",
+                   help="GPU memory share of each unit (default 0.9 divided by --units)")
+    v.add_argument("--max-num-batched-tokens", type=int, help="largest step in tokens (default 8192; fake 2048)")
+    v.add_argument("--max-num-seqs", type=int, help="running requests per unit at most (default 512; fake 64)")
+    v.add_argument("--max-model-len", type=int,
+                   help="context length (default the model's, at most 16384; fake 4096)")
+    v.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (starts faster, steps slower)")
+    v.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM's async scheduling (default on)")
+
+
+# -- agent --------------------------------------------------------------------------------------------------
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ServeError(f"{flag} takes HOST:PORT, not {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
+    """Fresh simulated units and dispatcher for ``config`` (requests too long for the model are dropped)."""
+    profile = load_profile(config.profile)
+    batch_params, dispatch_params = split_params(config.params, config.batch_policy, config.dispatch)
+    runnable = [r for r in requests if r.prompt_tokens < profile.max_model_len]
+    return build_node(config, profile, runnable, batch_params, dispatch_params)
+
+
+VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
+             "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager")
+SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "migration": "live", "speed": 1.0}
+
+
+def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
+    if (args.units is not None and args.units < 1) or args.speed <= 0:
+        raise ServeError("--units must be >= 1 and --speed > 0")
+    if not args.slack_sample_ms >= 0:
+        raise ServeError("--slack-sample-ms must be >= 0 (0: no slack samples)")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ServeError("--tls-cert and --tls-key go together")
+    if args.engine == "vllm":
+        return cmd_agent_vllm(args)
+    given = [name for name in VLLM_ONLY if getattr(args, name) not in (None, False)]
+    if args.load_format != "auto":
+        given.append("load_format")
+    if given or not args.async_scheduling:
+        flag = "--" + (given[0] if given else "no_async_scheduling").replace("_", "-")
+        raise ServeError(f"{flag} applies to --engine vllm")
+    if args.workload is None and args.trace is None:
+        raise ServeError("simulated units replay a workload: give --workload SPEC or --trace FILE")
+    args.units = 4 if args.units is None else args.units
+    args.profile = args.profile or "h100-llama31-8b"
+    host, port = parse_listen(args.listen)
+    token = read_token(args.token_file)
+    requests = (load_trace(args.trace) if args.trace is not None else parse_workload(args.workload, seed=args.seed))
+    config = BenchConfig(profile=args.profile, units=args.units, batch_policy=args.batch_policy,
+                         dispatch=args.dispatch, params=parse_assignments(args.param), ttft_slo_ms=args.slo_ttft_ms,
+                         tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, topology=args.topology,
+                         prefill_units=args.prefill_units, lockstep=args.lockstep, migration=args.migration)
+    try:
+        config.roles()
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
+    node = make_node(config, requests)
+    hub = Hub(node, node_id=args.node_id, profile=args.profile, token=token, replay_capacity=args.replay_events,
+              slack_sample_ms=args.slack_sample_ms)
+    tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
+    if not token:
+        print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
+    try:
+        return asyncio.run(_serve(hub, node, host, port, args.speed, tls))
+    except OSError as exc:  # the port is taken, the address is not ours
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+async def _serve(hub: Hub, node: Node, host: str, port: int, speed: float, tls: Any) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with AgentServer(hub, host=host, port=port, speed=speed, ssl_context=tls) as server:
+        print(f"trackside agent {hub.node_id}: {server.url} ({len(node.units)} units, "
+              f"{len(node.arrivals)} requests, speed {speed:g})", file=sys.stderr, flush=True)
+        done = asyncio.create_task(server.workload_done.wait())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([done, stopped], return_when=asyncio.FIRST_COMPLETED)
+        for task in (done, stopped):
+            task.cancel()
+        await server.drain(2.0)
+        print(f"trackside agent: {'workload done' if server.workload_done.is_set() else 'stopped'}: "
+              f"{node.num_finished} finished, {node.num_rejected} refused, {len(node.unfinished())} in flight, "
+              f"{hub.sequencer.last_seq} events", file=sys.stderr)
+    return 0
+
+
+def cmd_agent_vllm(args: argparse.Namespace) -> int:
+    """``trackside agent --engine vllm``: check what can be checked before any engine starts, then run."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ServeError("--engine vllm needs vLLM: pip install -e '.[vllm]' (vLLM 0.26.0 and torch 2.11.0)")
+    for name, default in SIM_ONLY.items():
+        if getattr(args, name) != default:
+            raise ServeError(f"--{name.replace('_', '-')} applies to simulated units (--engine sim)")
+    if args.fake_executor and args.model:
+        raise ServeError("--fake-executor runs its own tiny model: leave out --model")
+    if args.fake_executor and args.tokenizer:
+        raise ServeError("--fake-executor's model has no tokenizer: leave out --tokenizer")
+    if not args.fake_executor and not args.model:
+        raise ServeError("--engine vllm needs --model DIR (a model folder; with --load-format dummy its config.json "
+                         "is enough) or --fake-executor (CPU, no model)")
+    model_len = 4096 if args.fake_executor else min(16384, model_max_len(args.model) or 16384)
+    units = 1 if args.units is None else args.units
+    share = args.gpu_memory_utilization if args.gpu_memory_utilization is not None else round(0.9 / units, 3)
+    if not 0 < share <= 1:
+        raise ServeError("--gpu-memory-utilization is each unit's share of the GPU memory: in (0, 1]")
+    for flag in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ServeError(f"--{flag.replace('_', '-')} must be >= 1")
+    host, port = parse_listen(args.listen)
+    serve = parse_listen(args.serve_openai, "--serve-openai") if args.serve_openai else None
+    requests: Sequence[RequestSpec] = ()
+    if args.trace is not None:
+        requests = load_trace(args.trace)
+    elif args.workload is not None:
+        requests = parse_workload(args.workload, seed=args.seed)
+    if serve is None and not requests:
+        raise ServeError("--engine vllm serves --serve-openai HOST:PORT, replays --workload/--trace, or both")
+    token = read_token(args.token_file)
+    batch_params, dispatch_params = split_params(parse_assignments(args.param), args.batch_policy, args.dispatch)
+    coefficients = None
+    if args.profile:
+        c = load_profile(args.profile).coefficients
+        coefficients = (c.a_s, c.b_s, c.c_s)
+
+    from agent.engine.vllm.unit import EngineOptions
+    from agent.service.launch import AgentStartError, VllmAgentConfig, run_agent
+
+    fake = args.fake_executor
+    options = EngineOptions(
+        model=args.model or "tiny-llama-fake", load_format=args.load_format, gpu_memory_utilization=share,
+        max_num_batched_tokens=args.max_num_batched_tokens or (2048 if fake else 8192),
+        max_num_seqs=args.max_num_seqs or (64 if fake else 512), max_model_len=args.max_model_len or model_len,
+        enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+        extra={"skip_tokenizer_init": False} if args.tokenizer else {},
+    )
+    config = VllmAgentConfig(
+        units=units, batch_policy=args.batch_policy, batch_params=batch_params, dispatch=args.dispatch,
+        dispatch_params=dispatch_params, engine=options, fake_executor=fake, coefficients=coefficients,
+        ttft_slo_s=args.slo_ttft_ms / 1e3, tpot_slo_s=args.slo_tpot_ms / 1e3, serve_openai=serve,
+        served_model_name=args.served_model_name, requests=requests, seed=args.seed,
+    )
+    tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
+    if not token:
+        print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
+    try:
+        return asyncio.run(run_agent(config, node_id=args.node_id, token=token, host=host, port=port, tls=tls,
+                                     replay_events=args.replay_events, slack_sample_ms=args.slack_sample_ms))
+    except AgentStartError as exc:
+        raise ServeError(str(exc)) from None
+    except OSError as exc:  # a port is taken, an address is not ours
+        raise ServeError(f"cannot listen: {exc.strerror or exc}") from None
+
+
+def model_max_len(model: str) -> int | None:
+    """The context length a model folder's ``config.json`` declares (None: not said, or a hub name); raises
+    :class:`ServeError` for a folder without a readable ``config.json``."""
+    path = Path(model)
+    if not path.exists():
+        if model.startswith((".", "/", "~")) or model.count("/") != 1:
+            raise ServeError(f"--model {model}: no such folder (nor a Hugging Face name ORG/NAME)")
+        return None  # a Hugging Face name: vLLM fetches it
+    config = path / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except OSError:
+        raise ServeError(f"--model {model}: no config.json in it (a model folder has one)") from None
+    except ValueError as exc:
+        raise ServeError(f"--model {model}: config.json is not valid JSON: {exc}") from None
+    value = data.get("max_position_embeddings") if isinstance(data, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+# -- ctl ----------------------------------------------------------------------------------------------------
+def ctl_request(args: argparse.Namespace) -> ControlRequest:
+    """The request ``trackside ctl`` sends for its parsed arguments."""
+    action = args.action
+    units = tuple(args.unit or ()) if action in ("set-policy", "set-param") else ()
+    request: ControlRequest
+    if action == "status":
+        request = Status()
+    elif action == "policies":
+        request = ListPolicies()
+    elif action == "set-policy":
+        request = SetBatchPolicy(policy=args.name, params=dict(parse_assignments(args.param)), unit_ids=units)
+    elif action == "set-dispatch":
+        request = SetDispatchPolicy(policy=args.name, params=dict(parse_assignments(args.param)))
+    elif action == "set-param":
+        request = SetParams(target="dispatch" if args.dispatch else "batch",
+                            params=dict(parse_assignments(args.assignments)), unit_ids=units)
+    elif action == "pause":
+        request = PauseUnit(unit_id=args.unit)
+    elif action == "drain":
+        request = DrainUnit(unit_id=args.unit)
+    else:
+        request = ResumeUnit(unit_id=args.unit)
+    if args.dry_run:
+        if not isinstance(request, SetBatchPolicy | SetDispatchPolicy | SetParams):
+            raise ServeError(f"--dry-run applies to set-policy, set-dispatch and set-param, not {action}")
+        request = DryRun(change=request)
+    return request
+
+
+def cmd_ctl(args: argparse.Namespace, console: object = None) -> int:
+    token = read_token(args.token_file)
+    request = ctl_request(args)
+    try:
+        reply = asyncio.run(_call(args.uri, token, request))
+    except (OSError, TimeoutError, WebSocketException) as exc:
+        print(f"trackside ctl: cannot reach {args.uri}: {exc or type(exc).__name__}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if args.json:
+        print(msgspec.json.encode(reply).decode())
+    if isinstance(reply, ErrorReply):
+        print(f"trackside ctl: error: {reply.code}: {reply.message}", file=sys.stderr)
+        return EXIT_ERROR_REPLY
+    if not args.json:
+        print(render_reply(reply))
+    return 0
+
+
+async def _call(uri: str, token: str, request: ControlRequest) -> Reply:
+    async with open_session(uri, token=token) as session:
+        return await session.call(request)
+
+
+def render_reply(reply: OkReply) -> str:
+    payload = reply.payload
+    if isinstance(payload, StatusInfo):
+        lines = [f"node {payload.node_id}: dispatch {payload.dispatch_policy} {_params(payload.dispatch_params)}",
+                 f"stream: seq {payload.last_seq} (buffered from {payload.oldest_seq}), "
+                 f"{payload.num_subscribers} subscribers"]
+        for u in payload.units:
+            lines.append(f"  unit {u.unit_id} [{u.mode}] {u.batch_policy} {_params(u.batch_params)} "
+                         f"running {u.num_running} waiting {u.num_waiting}")
+        return "\n".join(lines)
+    if isinstance(payload, PolicyList):
+        return "\n".join(["batch policies:", *(f"  {p.name}: {p.summary}" for p in payload.batch_policies),
+                          "dispatch policies:", *(f"  {p.name}: {p.summary}" for p in payload.dispatch_policies)])
+    if not isinstance(payload, ControlAudit):
+        return "ok"
+    targets = []
+    for setting in payload.new:
+        where = "dispatcher" if setting.unit_id is None else f"unit {setting.unit_id}"
+        what = " ".join(x for x in (setting.policy, _params(setting.params), setting.mode or "") if x)
+        targets.append(f"{where}: {what}")
+    return f"{payload.result}: {payload.action}: " + "; ".join(targets)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else ""
+
+
+# -- record -------------------------------------------------------------------------------------------------
+class EventWriter(Protocol):
+    def write(self, events: Sequence[Event]) -> None: ...
+    def flush(self) -> None: ...
+    def last_seq(self, node_id: str, boot_ns: int | None = None) -> int: ...
+    def prune(self, older_than_ns: int) -> int: ...
+    def close(self) -> None: ...
+
+
+def _duration_s(text: str) -> float:
+    from store.cli import duration_s  # lazily, as the writer: the store loads only when recording
+
+    return duration_s(text)
+
+
+def _store_writer(path: Path) -> EventWriter:
+    from store.writer import StoreWriter  # lazily: the store is optional for everything else
+
+    writer: EventWriter = StoreWriter(path)
+    return writer
+
+
+def cmd_record(args: argparse.Namespace, console: object = None) -> int:
+    return asyncio.run(record(args.uris, args.db, flush_s=args.flush_s, retention_s=args.retention,
+                              install_signals=True))
+
+
+RECORD_QUEUE_FRAMES = 64
+"""Frames received and not yet handed to the writer, at most (then the readers wait: TCP slows the agents'
+senders, whose queues drop the oldest events, which the recorder fetches again)."""
+
+
+async def record(
+    uris: Sequence[str], db: Path, *, flush_s: float = 1.0, writer_factory: Callable[[Path], EventWriter] | None = None,
+    stop: asyncio.Event | None = None, install_signals: bool = False, batch_size: int = 8192,
+    retention_s: float | None = None,
+) -> int:
+    """Subscribe to every agent in ``uris`` and write stream events (seq > 0) until ``stop`` (or a signal).
+
+    Frames go to the writer whole (up to ``batch_size`` events per ``write``, in a worker thread), committed at
+    least every ``flush_s``. Each agent is resumed where the store stops in its current run, and events the
+    agent dropped for this recorder are fetched again (duplicates are stored once). ``retention_s``: delete
+    events older than that, at the start and then every tenth of it (at most an hour apart).
+    """
+    stop = stop or asyncio.Event()
+    if install_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    writer = (writer_factory or _store_writer)(db)
+    frames: asyncio.Queue[Sequence[Event]] = asyncio.Queue(RECORD_QUEUE_FRAMES)
+    tasks = [asyncio.create_task(_follow(uri, writer, frames)) for uri in uris]
+    last_flush = time.monotonic()
+    next_prune = last_flush if retention_s else math.inf
+    try:
+        while not stop.is_set():
+            events = await _take_events(frames, batch_size, flush_s / 4)
+            if events:
+                await asyncio.to_thread(writer.write, events)
+            now = time.monotonic()
+            if now - last_flush >= flush_s:
+                await asyncio.to_thread(writer.flush)
+                last_flush = time.monotonic()
+            if retention_s and now >= next_prune:
+                await asyncio.to_thread(_prune, writer, retention_s)
+                next_prune = now + min(retention_s / 10, 3600.0)
+            failed = [t for t in tasks if t.done() and t.exception() is not None]
+            if failed:
+                raise failed[0].exception()  # type: ignore[misc]
+    except AgentError as exc:
+        print(f"trackside record: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR_REPLY
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        rest = await _take_events(frames, math.inf, 0.0)
+        if rest:
+            writer.write(rest)
+        writer.flush()
+        writer.close()
+    return 0
+
+
+async def _follow(uri: str, writer: EventWriter, frames: asyncio.Queue[Sequence[Event]]) -> None:
+    """Queue one agent's stream, a frame at a time, for the writer: its hellos and its stream events (notices
+    are logged, not stored)."""
+
+    def resume_from(hello: NodeHello) -> int:
+        # Sequence numbers restart with every agent run: resume within the run this hello announces.
+        return writer.last_seq(hello.node_id, hello.boot_ns)
+
+    async for events in stream_batches(uri, resume_after_seq=resume_from, refetch_dropped=True):
+        first = events[0]
+        if isinstance(first, NodeHello):
+            print(f"trackside record: {uri}: node {first.node_id}", file=sys.stderr)
+            await frames.put(events)  # the store starts (or continues) this run's rows at its hello
+            continue
+        stored = [e for e in events if e.seq]
+        if len(stored) < len(events):
+            for notice in events:
+                if not notice.seq:
+                    log.warning("%s: %s", uri, getattr(notice, "message", notice))
+        if stored:
+            await frames.put(stored)
+
+
+async def _take_events(frames: asyncio.Queue[Sequence[Event]], limit: float, timeout_s: float) -> list[Event]:
+    """The events of the queued frames, whole frames until ``limit`` events or more; waits at most
+    ``timeout_s`` for a first frame."""
+    events: list[Event] = []
+    if frames.empty() and timeout_s > 0:
+        with contextlib.suppress(TimeoutError):
+            events.extend(await asyncio.wait_for(frames.get(), timeout_s))
+    while len(events) < limit and not frames.empty():
+        events.extend(frames.get_nowait())
+    return events
+
+
+def _prune(writer: EventWriter, retention_s: float) -> None:
+    cutoff_ns = time.time_ns() - round(retention_s * 1e9)
+    num = writer.prune(cutoff_ns)
+    log.info("pruned %d rows older than %s s", num, retention_s)
+
+
+SERVE_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
+    "agent": cmd_agent, "ctl": cmd_ctl, "record": cmd_record,
+}
+HANDLED_ERRORS: tuple[type[Exception], ...] = (ServeError, AgentError, TokenFileError)
+"""Errors the ``trackside`` main prints as one line with exit status 2 (besides its own)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """These three commands alone (``python -m agent.cli.serve``), with ``trackside``'s error handling."""
+    from agent.engine.profiles import UnknownProfileError
+    from agent.workload.types import WorkloadError
+    from policies.params import ParamError
+    from policies.registry import UnknownPolicyError
+
+    errors: tuple[type[Exception], ...] = (
+        *HANDLED_ERRORS, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError,
+    )
+    parser = argparse.ArgumentParser(prog="trackside")
+    add_serve_commands(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return SERVE_COMMANDS[args.command](args, None)
+    except errors as exc:
+        message = str(exc.args[0]) if exc.args else str(exc)
+        print(f"trackside {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,598 @@
+"""The node runtime: N engine units, a dispatcher and an arrival stream, in one discrete-event core.
+
+Events are arrivals, step ends and dispatcher wake-ups. :meth:`Node.advance` processes every event up to a
+time; a clock (``agent.runtime.clock``) decides how fast node time passes, so the same core runs a trace replay as
+fast as possible (virtual time, deterministic for a seed) or live (wall clock).
+
+Every request is accounted for exactly once: it is pending at the dispatcher, on a unit, in transit between
+units, finished, or rejected; nothing is dropped silently.
+
+Cluster shapes (POLICIES.md sections 2.2 and 3):
+
+* **colocated** (every unit ``mixed``) or **disaggregated**: ``prefill`` units take new requests and let each
+  go once its first token is sampled; the dispatcher's :meth:`~policies.base.DispatchPolicy.place_decode`
+  picks a ``decode`` unit and the KV follows over the configured link (:class:`MigrationConfig`).
+* **lockstep** (DP+EP): every unit starts its step at the same instant and the step lasts as long as the
+  slowest unit's; idle units wait.
+* **migrations** a dispatcher asks for (``DispatchDecision.migrations``): ``live`` copies the KV while the
+  request keeps decoding on its source, then switches between two of the source's steps; ``recompute``
+  moves it at once and the target prefills prompt and outputs again. A target without room for the KV
+  falls back to recompute. Every move is reported (``on_migrate``).
+* **faults**: :meth:`Node.fail_unit` loses a unit's step in flight and its KV; its requests go back to the
+  dispatcher with the tokens they already produced and recompute elsewhere. :meth:`Node.recover_unit`
+  brings it back empty.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from agent.engine.base import Engine, Migrant, RequestOutcome, StepRecord, SubmittedRequest
+from agent.runtime.clock import Clock, VirtualClock
+from agent.runtime.gc_control import GcController
+from agent.runtime.records import (
+    DispatchHook,
+    MigrateHook,
+    MigrationConfig,
+    MigrationRecord,
+    PreemptHook,
+    RequestEventKind,
+    RequestState,
+)
+from agent.workload.types import RequestSpec
+from policies.base import DispatchPolicy
+from policies.types import HandoffRequest, Migration, PendingRequest, UnitLoad
+
+# Event kinds, in the order they are processed when they share a time: step ends first, then transfer ends,
+# then dispatcher wake-ups, then arrivals, then step starts (so that every request arriving at an instant can
+# join the step that starts at that instant).
+_STEP_END = 0
+_XFER = 1
+_TICK = 2
+_START = 3
+_ALL = -1
+"""``unit_index`` of a lockstep step start or end (every unit at once)."""
+
+UNIT_MODES = ("active", "draining", "paused", "failed")
+
+
+@dataclass(slots=True)
+class _Transfer:
+    """A move under way: ``copying`` the KV off a source, or ``in_flight`` (detached, not yet placed)."""
+
+    request_id: str
+    source_index: int
+    target_index: int
+    reason: str
+    start_s: float
+    migrant: Migrant | None = None
+    switch_due: bool = False
+    """The copy finished while the request was in its source's step: switch at that step's end."""
+
+class Node:
+    """Units + dispatcher + arrivals. Time is seconds since the start of the run."""
+
+    def __init__(
+        self,
+        units: Sequence[Engine],
+        dispatcher: DispatchPolicy,
+        requests: Sequence[RequestSpec],
+        *,
+        ttft_slo_s: float,
+        tpot_slo_s: float,
+        on_step: Callable[[StepRecord], None] | None = None,
+        on_finish: Callable[[RequestOutcome], None] | None = None,
+        on_request: Callable[[RequestEventKind, RequestState], None] | None = None,
+        on_dispatch: DispatchHook | None = None,
+        on_preempt: PreemptHook | None = None,
+        on_migrate: MigrateHook | None = None,
+        lockstep: bool = False,
+        migration: MigrationConfig | None = None,
+    ) -> None:
+        if not units:
+            raise ValueError("a node needs at least one unit")
+        self.units = list(units)
+        roles = {u.role for u in self.units}
+        if roles & {"prefill", "decode"} and not {"prefill", "decode"} <= roles:
+            raise ValueError("a disaggregated node needs at least one prefill and one decode unit")
+        if "mixed" in roles and len(roles) > 1:
+            raise ValueError("units are either all mixed (colocated) or prefill and decode (disaggregated)")
+        self.disaggregated = "prefill" in roles
+        self.lockstep = lockstep
+        self.migration = migration or MigrationConfig()
+        self.on_migrate = on_migrate
+        """Optional hook (telemetry) called when a request has moved (or went back to the dispatcher)."""
+        self.dispatcher = dispatcher
+        self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
+        ids = {r.request_id for r in self.arrivals}
+        if len(ids) != len(self.arrivals):
+            raise ValueError("request ids must be unique")
+        self._next_arrival = 0
+        self.default_ttft_slo_s = ttft_slo_s
+        self.default_tpot_slo_s = tpot_slo_s
+        self.on_step = on_step
+        self.on_finish = on_finish
+        self.on_request = on_request
+        """Optional lifecycle hook (telemetry), called at ``now_s`` with the request's state."""
+        self.on_dispatch = on_dispatch
+        """Optional hook (telemetry) called at every dispatch decision, before it is applied."""
+        self.on_preempt = on_preempt
+        """Optional hook (telemetry) called at the end of a step that preempted requests."""
+        self.num_dispatches = 0
+        """Dispatch decisions taken so far (the last one's ``dispatch_id``)."""
+        self.states: dict[str, RequestState] = {}
+        self.pending: dict[str, None] = {}
+        """Requests at the dispatcher, in arrival order (a dict as an ordered set)."""
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+        self._tick_at: float | None = None
+        self._start_pending = [False] * len(self.units)
+        self.now_s = 0.0
+        self.num_finished = 0
+        self.num_rejected = 0
+        self.num_refused = 0
+        """Rejected by a unit's admission control (a subset of ``num_rejected``)."""
+        self.unit_modes: list[str] = ["active"] * len(self.units)
+        """Per unit: ``active``; ``draining`` (finishes its requests, gets no new ones); ``paused`` (no new
+        requests and no new steps; its requests wait on it); ``failed`` (see :meth:`fail_unit`). Change with
+        :meth:`set_unit_mode`."""
+        self._step_end_seq = [0] * len(self.units)
+        """Heap sequence number of each unit's pending step end (a failed unit's stale one is skipped)."""
+        self._lock_members: list[int] = []
+        self._lock_seq = 0
+        self._lock_start_pending = False
+        self.transfers: dict[str, _Transfer] = {}
+        """Moves under way, by request id."""
+        self._xfer_at: dict[int, str] = {}
+        self._carry: dict[str, Migrant] = {}
+        """Requests back at the dispatcher with progress (their unit failed): placed with ``attach``."""
+        self.num_migrations = 0
+        self.num_migrations_skipped = 0
+        """Migrations a dispatcher asked for that could not start (request gone, moving already, bad target)."""
+        self.num_faults = 0
+
+    # -- time ---------------------------------------------------------------------------------------
+    def next_event_s(self) -> float | None:
+        """Time of the next event, or None when the run is over."""
+        t = self._heap[0][0] if self._heap else None
+        if self._next_arrival < len(self.arrivals):
+            a = self.arrivals[self._next_arrival].arrival_s
+            t = a if t is None else min(t, a)
+        return t
+
+    def advance(self, until_s: float) -> None:
+        """Process every event at or before ``until_s``."""
+        while True:
+            t = self.next_event_s()
+            if t is None or t > until_s:
+                break
+            self.now_s = max(self.now_s, t)
+            top = self._heap[0] if self._heap else None
+            arrival_due = (
+                self._next_arrival < len(self.arrivals) and self.arrivals[self._next_arrival].arrival_s <= t
+            )
+            if top is not None and top[0] <= t and not (arrival_due and top[1] == _START):
+                _, kind, seq, unit_index = heapq.heappop(self._heap)
+                if kind == _STEP_END:
+                    if unit_index == _ALL:
+                        if seq == self._lock_seq:
+                            self._on_lockstep_end()
+                    elif seq == self._step_end_seq[unit_index]:
+                        self._on_step_end(unit_index)
+                elif kind == _START:
+                    if unit_index == _ALL:
+                        self._lock_start_pending = False
+                        self._start_lockstep()
+                    else:
+                        self._start_pending[unit_index] = False
+                        self._start_step(unit_index)
+                elif kind == _XFER:
+                    self._on_transfer_due(self._xfer_at.pop(seq))
+                else:
+                    self._tick_at = None
+                    self._dispatch()
+            else:
+                spec = self.arrivals[self._next_arrival]
+                self._next_arrival += 1
+                self._on_arrival(spec)
+        self.now_s = max(self.now_s, until_s)
+
+    def run(
+        self, clock: Clock | None = None, *, until_s: float | None = None, gc_control: GcController | None = None
+    ) -> None:
+        """Run until no event is left (or ``until_s``), waiting on ``clock`` (virtual by default).
+
+        With ``gc_control`` (entered by the caller), the loop tells it before each wait how many real seconds
+        the wait will last, so that it can collect garbage then rather than in the middle of a step.
+        """
+        clock = clock or VirtualClock()
+        while True:
+            t = self.next_event_s()
+            if t is None or (until_s is not None and t > until_s):
+                break
+            if gc_control is not None:
+                gc_control.before_wait(clock.seconds_until(t))
+            clock.wait_until(t)
+            self.advance(t)
+
+    @property
+    def done(self) -> bool:
+        return self.next_event_s() is None
+
+    # -- events -------------------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, unit_index: int) -> int:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, unit_index))
+        return self._seq
+
+    def _steps(self, index: int) -> bool:
+        return self.unit_modes[index] not in ("paused", "failed")
+
+    def _schedule_start(self, index: int) -> None:
+        if not self._steps(index):
+            return
+        if self.lockstep:
+            if not self._lock_start_pending and not self._lock_members:
+                self._lock_start_pending = True
+                self._push(self.now_s, _START, _ALL)
+        elif not self._start_pending[index] and not self.units[index].busy:
+            self._start_pending[index] = True
+            self._push(self.now_s, _START, index)
+
+    def _on_arrival(self, spec: RequestSpec) -> None:
+        ttft = spec.ttft_slo_ms / 1e3 if spec.ttft_slo_ms is not None else self.default_ttft_slo_s
+        tpot = spec.tpot_slo_ms / 1e3 if spec.tpot_slo_ms is not None else self.default_tpot_slo_s
+        self.states[spec.request_id] = RequestState(spec, ttft, tpot)
+        self.pending[spec.request_id] = None
+        if self.on_request is not None:
+            self.on_request("arrived", self.states[spec.request_id])
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        if not self.pending:
+            if self.dispatcher.rebalances:
+                self._rebalance()
+            return
+        now = self.now_s
+        views = [
+            PendingRequest(
+                s.spec.request_id, s.spec.arrival_s, self._intake_tokens(s), s.ttft_slo_s, s.tpot_slo_s,
+                s.cycles_waited,
+            )
+            for s in (self.states[rid] for rid in self.pending)
+        ]
+        loads = self._loads(intake=True)
+        decision = self.dispatcher.dispatch(views, loads, now)
+        self.num_dispatches += 1
+        if self.on_dispatch is not None:
+            self.on_dispatch(self.num_dispatches, loads, decision)
+        placed: set[str] = set()
+        by_id = {u.unit_id: i for i, u in enumerate(self.units)}
+        for rid, unit_id in decision.assignments:
+            if rid in placed or rid not in self.states or rid not in self.pending:
+                raise RuntimeError(f"dispatcher {self.dispatcher.name} placed {rid} twice or unknown")
+            if unit_id not in by_id:
+                raise RuntimeError(f"dispatcher {self.dispatcher.name} chose unknown unit {unit_id}")
+            placed.add(rid)
+            state = self.states[rid]
+            index = by_id[unit_id]
+            unit = self.units[index]
+            spec = state.spec
+            if self.unit_modes[index] == "failed" or (self.disaggregated and unit.role == "decode"):
+                raise RuntimeError(f"dispatcher {self.dispatcher.name} placed {rid} on unit {unit_id}, closed to it")
+            carried = self._carry.pop(rid, None)
+            if carried is not None:
+                # Back from a failed unit: it was admitted once already and keeps the tokens it produced.
+                state.unit_id = unit_id
+                state.dispatched_s = now
+                unit.attach(carried, now)
+                if self.on_request is not None:
+                    self.on_request("dispatched", state)
+                self._schedule_start(index)
+                continue
+            if unit.policy.refuses(spec.prompt_tokens, unit.cost):
+                # Admission control of the unit's batch policy (e.g. FairBatching's PAB): counted, not lost.
+                state.rejected = True
+                state.refused_by = unit_id
+                self.num_rejected += 1
+                self.num_refused += 1
+                if self.on_request is not None:
+                    self.on_request("refused", state)
+                continue
+            state.unit_id = unit_id
+            state.dispatched_s = now
+            unit.submit(
+                SubmittedRequest(
+                    rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, state.ttft_slo_s,
+                    state.tpot_slo_s,
+                ),
+                now,
+            )
+            if self.on_request is not None:
+                self.on_request("dispatched", state)
+            self._schedule_start(index)
+        for rid in decision.rejected:
+            if rid in placed or rid not in self.pending:
+                raise RuntimeError(f"dispatcher {self.dispatcher.name} rejected {rid} twice or unknown")
+            placed.add(rid)
+            self.states[rid].rejected = True
+            self.num_rejected += 1
+            if self.on_request is not None:
+                self.on_request("refused", self.states[rid])
+        for rid in placed:
+            del self.pending[rid]
+        for rid in self.pending:
+            self.states[rid].cycles_waited += 1
+        self._start_migrations(decision.migrations)
+        if decision.next_check_s is not None and self.pending:
+            t = max(decision.next_check_s, now)
+            if self._tick_at is None or t < self._tick_at:
+                self._tick_at = t
+                self._push(t, _TICK, -1)
+
+    def _start_step(self, index: int) -> None:
+        if not self._steps(index):
+            return
+        unit = self.units[index]
+        duration = unit.begin_step(self.now_s)
+        if duration is not None:
+            self._step_end_seq[index] = self._push(self.now_s + duration, _STEP_END, index)
+
+    def _start_lockstep(self) -> None:
+        """Every unit that can step starts now; the step ends when the slowest one does."""
+        durations: dict[int, float] = {}
+        for index, unit in enumerate(self.units):
+            if self._steps(index) and not unit.busy:
+                d = unit.begin_step(self.now_s)
+                if d is not None:
+                    durations[index] = d
+        if durations:
+            self._lock_members = sorted(durations)
+            self._lock_seq = self._push(self.now_s + max(durations.values()), _STEP_END, _ALL)
+
+    def _on_lockstep_end(self) -> None:
+        """Every member's step ends at once: all their reports are in before the dispatcher is asked."""
+        members, self._lock_members = self._lock_members, []
+        for index in members:
+            self._on_step_end(index, ask_dispatcher=False)
+        self._schedule_any()  # units that got work during the step (none of them was a member) join the next
+        if (self.pending and self.dispatcher.wants_step_reports) or self.dispatcher.rebalances:
+            self._dispatch()
+
+    def _on_step_end(self, index: int, *, ask_dispatcher: bool = True) -> None:
+        unit = self.units[index]
+        result = unit.end_step(self.now_s)
+        if self.on_step is not None:
+            self.on_step(result.record)
+        if result.preempted and self.on_preempt is not None:
+            self.on_preempt(result.record, result.preempted)
+        if self.on_request is not None:
+            for rid in result.first_tokens:
+                self.on_request("first_token", self.states[rid])
+        for outcome in result.finished:
+            self.states[outcome.request_id].outcome = outcome
+            if self.transfers.pop(outcome.request_id, None) is not None:
+                self.num_migrations_skipped += 1  # finished on its source while its KV was being copied
+            self.num_finished += 1
+            if self.on_finish is not None:
+                self.on_finish(outcome)
+        if self.transfers:
+            for rid in [rid for rid, t in self.transfers.items() if t.switch_due and t.source_index == index]:
+                self._switch(self.transfers[rid])
+        if result.handoffs:
+            self._hand_off(index, result.handoffs)
+        if unit.has_work():
+            self._schedule_start(index)
+        if ask_dispatcher and ((self.pending and self.dispatcher.wants_step_reports) or self.dispatcher.rebalances):
+            self._dispatch()
+
+    # -- control (between steps: the caller runs in the loop that drives ``advance``) ---------------------
+    def set_unit_mode(self, unit_id: int, mode: str) -> str:
+        """Pause, drain or resume (``active``) a unit; returns the previous mode.
+
+        Nothing is dropped: a paused unit keeps its requests and its in-flight step finishes; a draining one
+        keeps stepping until empty. Requests held at the dispatcher because no unit took them are offered
+        again when a unit becomes active.
+        """
+        if mode not in ("active", "draining", "paused"):
+            raise ValueError(f"unknown unit mode {mode!r} (active, draining, paused)")
+        index = self.unit_index(unit_id)
+        old = self.unit_modes[index]
+        if old == "failed":
+            raise ValueError(f"unit {unit_id} has failed: recover it first")
+        self.unit_modes[index] = mode
+        if mode != "paused" and self.units[index].has_work():
+            self._schedule_start(index)
+        if mode == "active" and self.pending:
+            self._dispatch()
+        return old
+
+    def set_dispatcher(self, dispatcher: DispatchPolicy) -> None:
+        """Replace the dispatch policy; requests waiting at the dispatcher are offered to the new one now."""
+        self.dispatcher = dispatcher
+        if self.pending:
+            self._dispatch()
+
+    def fail_unit(self, unit_id: int) -> int:
+        """Simulate a unit fault now: its step in flight and its KV are lost, its requests go back to the
+        dispatcher with the tokens they produced (they recompute elsewhere). Returns how many moved back."""
+        index = self.unit_index(unit_id)
+        if self.unit_modes[index] == "failed":
+            raise ValueError(f"unit {unit_id} has failed already")
+        self.unit_modes[index] = "failed"
+        self.num_faults += 1
+        self._step_end_seq[index] = 0
+        self._start_pending[index] = False
+        if index in self._lock_members:
+            self._lock_members.remove(index)
+            if not self._lock_members:
+                self._lock_seq = 0
+                self._schedule_any()
+        for rid, t in list(self.transfers.items()):
+            if t.source_index == index and t.migrant is None:
+                del self.transfers[rid]  # its copy is lost with the source; the request is evacuated below
+        migrants = self.units[index].evacuate()
+        for m in migrants:
+            self._requeue(m, index, "fault")
+        self._dispatch()
+        return len(migrants)
+
+    def recover_unit(self, unit_id: int) -> None:
+        """Bring a failed unit back, empty; it takes requests again at once."""
+        index = self.unit_index(unit_id)
+        if self.unit_modes[index] != "failed":
+            raise ValueError(f"unit {unit_id} has not failed")
+        self.unit_modes[index] = "active"
+        self._dispatch()
+
+    def unit_index(self, unit_id: int) -> int:
+        for i, u in enumerate(self.units):
+            if u.unit_id == unit_id:
+                return i
+        raise KeyError(f"no unit {unit_id} (units: {', '.join(str(u.unit_id) for u in self.units)})")
+
+    # -- moving requests ----------------------------------------------------------------------------
+    def _loads(self, *, intake: bool) -> list[UnitLoad]:
+        """Loads shown to the dispatcher: the units that take new requests (``intake``) or the decode pool;
+        units not ``active`` appear unhealthy."""
+        want = self.dispatcher.needs_requests
+        out = []
+        for i, u in enumerate(self.units):
+            if self.disaggregated and (u.role == "prefill") != intake:
+                continue
+            load = u.load(want)
+            out.append(load if self.unit_modes[i] == "active" else replace(load, healthy=False))
+        return out
+
+    def _intake_tokens(self, state: RequestState) -> int:
+        carried = self._carry.get(state.spec.request_id)
+        return carried.num_tokens if carried is not None else state.spec.prompt_tokens
+
+    def _rebalance(self) -> None:
+        loads = self._loads(intake=True)
+        decision = self.dispatcher.dispatch((), loads, self.now_s)
+        self.num_dispatches += 1
+        if self.on_dispatch is not None:
+            self.on_dispatch(self.num_dispatches, loads, decision)
+        self._start_migrations(decision.migrations)
+
+    def _start_migrations(self, migrations: Sequence[Migration]) -> None:
+        by_id = {u.unit_id: i for i, u in enumerate(self.units)}
+        for m in migrations:
+            src, dst = by_id.get(m.source_unit), by_id.get(m.target_unit)
+            if (
+                src is None or dst is None or src == dst or m.request_id in self.transfers
+                or not self.units[src].has_request(m.request_id) or self.unit_modes[dst] != "active"
+                or self.unit_modes[src] == "failed"
+            ):
+                self.num_migrations_skipped += 1
+                continue
+            t = _Transfer(m.request_id, src, dst, m.reason or "rebalance", self.now_s)
+            self.transfers[m.request_id] = t
+            source = self.units[src]
+            source.set_migrating(m.request_id, True)
+            if self.migration.mechanism == "live":
+                view = source.load(True).requests
+                tokens = next(r.computed_tokens for r in view if r.request_id == m.request_id)
+                self._xfer_at[self._push(self.now_s + self.migration.transfer_s(tokens), _XFER, -1)] = m.request_id
+            elif source.stepping(m.request_id):
+                t.switch_due = True
+            else:
+                self._switch(t)
+
+    def _on_transfer_due(self, request_id: str) -> None:
+        t = self.transfers.get(request_id)
+        if t is None:
+            return  # cancelled: its source failed
+        if t.migrant is not None:
+            self._arrive(t)
+        elif self.units[t.source_index].stepping(request_id):
+            t.switch_due = True
+        else:
+            self._switch(t)
+
+    def _switch(self, t: _Transfer) -> None:
+        """Take the request off its source (its copied KV goes along when ``live``) and place it; when the
+        target failed meanwhile, the move is called off and the request stays where it is."""
+        source = self.units[t.source_index]
+        if self.unit_modes[t.target_index] == "failed":
+            del self.transfers[t.request_id]
+            source.set_migrating(t.request_id, False)
+            self.num_migrations_skipped += 1
+            return
+        migrant = source.detach(t.request_id)
+        if self.migration.mechanism == "recompute":
+            migrant = migrant.without_kv()
+        t.migrant = migrant
+        self._arrive(t)
+
+    def _arrive(self, t: _Transfer) -> None:
+        del self.transfers[t.request_id]
+        assert t.migrant is not None
+        if self.unit_modes[t.target_index] == "failed":
+            self._requeue(t.migrant, t.source_index, t.reason)
+            self._dispatch()
+            return
+        target = self.units[t.target_index]
+        kept = target.attach(t.migrant, self.now_s)
+        state = self.states[t.request_id]
+        state.unit_id = target.unit_id
+        self.num_migrations += 1
+        if self.on_migrate is not None:
+            self.on_migrate(
+                MigrationRecord(
+                    t.request_id, self.units[t.source_index].unit_id, target.unit_id, t.reason,
+                    "live" if kept else "recompute", t.start_s, self.now_s, t.migrant.computed_tokens if kept else 0,
+                )
+            )
+        self._schedule_start(t.target_index)
+
+    def _hand_off(self, index: int, handoffs: Sequence[Migrant]) -> None:
+        """Disaggregated: requests that finished prefill on unit ``index`` go to decode units with their KV."""
+        views = [HandoffRequest(m.request_id, m.computed_tokens, m.spec.prompt_tokens) for m in handoffs]
+        placement = dict(self.dispatcher.place_decode(views, self._loads(intake=False), self.now_s))
+        by_id = {u.unit_id: i for i, u in enumerate(self.units)}
+        for m in handoffs:
+            unit_id = placement.get(m.request_id)
+            target = by_id.get(unit_id) if unit_id is not None else None
+            if target is None or self.units[target].role != "decode":
+                raise RuntimeError(f"dispatcher {self.dispatcher.name} gave hand-off {m.request_id} no decode unit")
+            t = _Transfer(m.request_id, index, target, "handoff", self.now_s, migrant=m)
+            self.transfers[m.request_id] = t
+            self._xfer_at[self._push(self.now_s + self.migration.transfer_s(m.computed_tokens), _XFER, -1)] = (
+                m.request_id
+            )
+
+    def _requeue(self, migrant: Migrant, source_index: int, reason: str) -> None:
+        """Back to the dispatcher (KV lost), keeping the tokens produced so far; placed again like a new one."""
+        rid = migrant.request_id
+        self._carry[rid] = migrant.without_kv()
+        state = self.states[rid]
+        state.unit_id = None
+        self.pending[rid] = None
+        if self.on_migrate is not None:
+            self.on_migrate(
+                MigrationRecord(rid, self.units[source_index].unit_id, None, reason, "lost", self.now_s, self.now_s, 0)
+            )
+
+    def _schedule_any(self) -> None:
+        for index, unit in enumerate(self.units):
+            if unit.has_work():
+                self._schedule_start(index)
+
+    # -- accounting ---------------------------------------------------------------------------------
+    @property
+    def num_arrived(self) -> int:
+        """Requests that reached the dispatcher so far."""
+        return len(self.states)
+
+    @property
+    def num_pending(self) -> int:
+        """Requests waiting at the dispatcher."""
+        return len(self.pending)
+
+    def unfinished(self) -> list[str]:
+        """Requests neither finished nor rejected (pending, queued or running)."""
+        return [rid for rid, s in self.states.items() if s.outcome is None and not s.rejected]

@@ -1,0 +1,424 @@
+"""The agent's telemetry and control hub: the Sans-I/O part of the server, between the node and connections.
+
+The hub turns the node's records into protocol events (through ``agent.telemetry.stream``), numbers them, keeps them for
+resumes and offers them to every subscription; it answers control requests (token checked, executed with
+:class:`~agent.runtime.control.NodeControl`, audited on the stream). It does no I/O: the asyncio server
+(``agent.service.server``) calls it from the loop that also drives the node, so every control action runs between two
+steps. The node is any :class:`~agent.runtime.port.ServedNode`: the simulated node, or a live one (vLLM units), whose
+control changes the hub confirms with the units before it answers (:meth:`Hub.handle_async`, the only await).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from agent.engine.base import RequestOutcome, StepRecord
+from agent.runtime.control import AuditRecord, NodeControl
+from agent.runtime.events import (
+    NodeOrigin,
+    policy_schemas,
+    request_finished,
+    request_migrated,
+    request_preempted,
+    slack_sample,
+    step_event,
+    unit_load_event,
+)
+from agent.runtime.port import LiveNode, ServedNode, Settled
+from agent.runtime.records import MigrationRecord, RequestEventKind, RequestState
+from agent.service.metrics import NodeMetrics, render
+from agent.telemetry import (
+    Alert,
+    AlertCode,
+    ControlAudit,
+    ControlRequest,
+    DrainUnit,
+    DryRun,
+    ErrorCode,
+    ErrorReply,
+    Event,
+    ListPolicies,
+    NodeHello,
+    OkReply,
+    PauseUnit,
+    PolicyList,
+    Reply,
+    RequestArrived,
+    RequestDispatched,
+    RequestFirstToken,
+    RequestRefused,
+    ResumeUnit,
+    SetBatchPolicy,
+    SetDispatchPolicy,
+    SetParams,
+    Setting,
+    StageBoundaries,
+    Status,
+    StatusInfo,
+    Subscribe,
+    Subscribed,
+    UnitStatus,
+)
+from agent.telemetry.stream import ReplayBuffer, ResumeError, Sequencer, Subscription, token_matches
+from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES
+from policies.types import DispatchDecision, UnitLoad
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[], None]
+
+
+class Hub:
+    """One node's stream and control plane. Attach it with :meth:`attach` before the node runs."""
+
+    def __init__(
+        self,
+        node: ServedNode,
+        *,
+        node_id: str,
+        profile: str,
+        token: str = "",
+        replay_capacity: int = 65536,
+        max_queued: int = 4096,
+        get_time_ns: Callable[[], int] = time.time_ns,
+        slack_sample_ms: float = 250.0,
+        slack_max_requests: int = 64,
+        unit_load_min_interval_ms: float = 0.0,
+        boot_ns: int | None = None,
+        settle_timeout_s: float = 10.0,
+    ) -> None:
+        if not (slack_sample_ms >= 0 and unit_load_min_interval_ms >= 0 and slack_max_requests >= 1):
+            raise ValueError("slack_sample_ms and unit_load_min_interval_ms must be >= 0, slack_max_requests >= 1")
+        self.node = node
+        self.node_id = node_id
+        self.profile = profile
+        self._token = token
+        self.max_queued = max_queued
+        self._get_time_ns = get_time_ns
+        self.boot_ns = boot_ns if boot_ns is not None else get_time_ns()
+        """This run of the agent (sequence numbers count within it), and node time 0. A live node's origin is its
+        own (``boot_ns=node.origin_ns``): its node time is wall-clock seconds since then."""
+        self.origin = NodeOrigin(node_id, self.boot_ns)
+        """Node time 0 is the boot; event times are boot + node time (simulated seconds at any speed)."""
+        self.settle_timeout_s = settle_timeout_s
+        """How long :meth:`handle_async` waits for a live node's units to acknowledge a change."""
+        self.control = NodeControl(node, clock_ns=get_time_ns)
+        self.sequencer = Sequencer()
+        self.replay = ReplayBuffer(replay_capacity)
+        self.metrics = NodeMetrics()
+        self.subscriptions: dict[Subscription, Notify] = {}
+        self.num_dropped_closed = 0
+        """Events dropped for subscriptions that have since closed."""
+        self._batch_policies = policy_schemas(BATCH_POLICIES.values())
+        self._dispatch_policies = policy_schemas(DISPATCH_POLICIES.values())
+        self.slack_sample_ms = slack_sample_ms
+        """Node time between two slack samples (0: none). A sample is taken at the first step end at or after
+        each multiple of the period, so none is taken while no unit steps."""
+        self.slack_max_requests = slack_max_requests
+        """Requests per unit and sample at most (those with the least slack)."""
+        self.unit_load_min_interval_ms = unit_load_min_interval_ms
+        """Node time between two ``unit_load`` events of one unit at least (0: one per unit and decision)."""
+        self._next_sample_s = 0.0
+        self._last_load_s: dict[int, float] = {}
+        self._last_boundaries: object = None
+        self._watchdog_resets = 0
+
+    @property
+    def control_enabled(self) -> bool:
+        return bool(self._token)
+
+    # -- the node's hooks ---------------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Route the node's step, finish, request, dispatch and preemption hooks into the stream (replacing any
+        set before)."""
+        self.node.on_step = self._on_step
+        self.node.on_finish = self._on_finish
+        self.node.on_request = self._on_request
+        self.node.on_dispatch = self._on_dispatch
+        self.node.on_preempt = self._on_preempt
+        self.node.on_migrate = self._on_migrate
+
+    def _on_step(self, record: StepRecord) -> None:
+        self.metrics.observe_step(record)
+        self.publish(step_event(record, self.origin))
+        if self.slack_sample_ms and self.node.now_s >= self._next_sample_s:
+            self._sample_slack()
+
+    def _sample_slack(self) -> None:
+        """One ``slack_sample`` per unit (empty for a unit running nothing), at the node's current time."""
+        now_s = self.node.now_s
+        period_s = self.slack_sample_ms / 1e3
+        self._next_sample_s = (math.floor(now_s / period_s) + 1) * period_s
+        for unit in self.node.units:
+            self.publish(slack_sample(unit.unit_id, unit.running_views(), self.origin, now_s,
+                                      sample_period_ms=self.slack_sample_ms, max_requests=self.slack_max_requests))
+
+    def _on_dispatch(self, dispatch_id: int, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
+        now_s = self.node.now_s
+        min_s = self.unit_load_min_interval_ms / 1e3
+        for load in loads:
+            if min_s:
+                last = self._last_load_s.get(load.unit_id)
+                if last is not None and now_s - last < min_s:
+                    continue
+                self._last_load_s[load.unit_id] = now_s
+            self.publish(unit_load_event(load, self.origin, now_s, dispatch_id))
+        self._on_dispatch_outcome(decision)
+
+    def _on_dispatch_outcome(self, decision: DispatchDecision) -> None:
+        """Stage boundaries when they change, the watchdog's resets and requests held by flow control."""
+        now_ns = self.origin.ns(self.node.now_s)
+        dispatcher = self.node.dispatcher
+        reasons = decision.reasons
+        cut = reasons.get("boundaries")
+        layout = dispatcher.stage_layout() if cut is not None and cut != self._last_boundaries else None
+        if layout is not None:
+            self._last_boundaries = cut
+            self.publish(StageBoundaries(node_id=self.node_id, time_ns=now_ns, policy=dispatcher.name,
+                                         boundaries_tokens=layout[0], stage_unit_ids=layout[1],
+                                         reason="repartition" if reasons.get("repartitioned") else "refinement"))
+        resets = reasons.get("watchdog_resets")
+        if isinstance(resets, int) and resets > self._watchdog_resets:
+            self.publish(Alert(node_id=self.node_id, time_ns=now_ns, code=AlertCode.WATCHDOG_RESET,
+                               message=f"{dispatcher.name}: {resets - self._watchdog_resets} unit(s) reset after "
+                               "no end-of-step report", num_dropped=0))
+        if isinstance(resets, int):
+            self._watchdog_resets = resets
+        if decision.flow_control:
+            self.publish(Alert(node_id=self.node_id, time_ns=now_ns, code=AlertCode.REQUESTS_HELD,
+                               message=f"{dispatcher.name}: {len(decision.flow_control)} request(s) held past the "
+                               "wait limit", num_dropped=len(decision.flow_control)))
+
+    def _on_migrate(self, move: MigrationRecord) -> None:
+        self.publish(request_migrated(move, self.origin))
+
+    def _on_preempt(self, record: StepRecord, request_ids: tuple[str, ...]) -> None:
+        for rid in request_ids:
+            self.publish(request_preempted(record, rid, self.origin))
+
+    def _on_finish(self, outcome: RequestOutcome) -> None:
+        self.metrics.observe_outcome(outcome)
+        self.publish(request_finished(outcome, self.origin))
+
+    def _on_request(self, kind: RequestEventKind, state: RequestState) -> None:
+        now_ns = self.origin.ns(self.node.now_s)
+        spec = state.spec
+        rid, nid = spec.request_id, self.node_id
+        event: Event
+        if kind == "arrived":
+            event = RequestArrived(node_id=nid, time_ns=now_ns, request_id=rid, prompt_tokens=spec.prompt_tokens,
+                                   ttft_slo_ms=state.ttft_slo_s * 1e3, tpot_slo_ms=state.tpot_slo_s * 1e3)
+        elif kind == "dispatched":
+            assert state.unit_id is not None
+            event = RequestDispatched(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.unit_id,
+                                      num_rounds_waited=state.cycles_waited)
+        elif kind == "refused":
+            if state.refused_by is not None:
+                policy = self.node.units[self.node.unit_index(state.refused_by)].policy.name
+                reason = "admission control"
+            else:
+                policy, reason = self.node.dispatcher.name, "dispatcher"
+            event = RequestRefused(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.refused_by,
+                                   policy=policy, reason=reason)
+        else:
+            assert state.unit_id is not None
+            event = RequestFirstToken(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.unit_id,
+                                      ttft_ms=(self.node.now_s - spec.arrival_s) * 1e3)
+        self.publish(event)
+
+    # -- the stream -----------------------------------------------------------------------------------------
+    def publish(self, event: Event) -> None:
+        """Number ``event``, keep it for resumes and offer it to every subscription (never blocks).
+
+        ``event`` must be freshly built (every caller converts a record just before): it is numbered in place.
+        """
+        stamped = self.sequencer.stamp_new(event)
+        self.replay.append(stamped)
+        for sub, notify in self.subscriptions.items():
+            if sub.offer(stamped):
+                notify()
+
+    def subscribe(self, request: Subscribe, notify: Notify) -> tuple[Subscription | None, Reply, list[Event]]:
+        """A new live subscription, the reply, and the resume's backlog (or None, the error, []).
+
+        The backlog (a ``gap`` alert when part of the resume is gone, then the buffered events the filter
+        wants) is sent before the subscription's queue; it does not count against the live queue bound, so a
+        long resume never drops its own events. A resume position of another run of the agent
+        (``resume_boot_ns`` is not :attr:`boot_ns`) restarts from this run's first event; the reply's
+        ``resumed_after_seq`` (0) says so. ``notify`` is called when the subscription has new frames.
+        """
+        sub = Subscription.from_request(request, self.node_id, max_queued=self.max_queued,
+                                        get_time_ns=self._get_time_ns)
+        backlog: list[Event] = []
+        position = request.resume_after_seq
+        if position is not None and request.resume_boot_ns not in (None, self.boot_ns):
+            position = 0  # its sequence numbers counted in an earlier run: none of them is this run's
+        if position is not None:
+            try:
+                replay = self.replay.since(position)
+            except ResumeError as exc:
+                return None, ErrorReply(control_id=request.control_id, code=exc.code, message=str(exc)), []
+            if replay.gap is not None:
+                first, last = replay.gap
+                backlog.append(Alert(node_id=self.node_id, time_ns=self._get_time_ns(), code=AlertCode.GAP,
+                                     message=f"events {first}..{last} are no longer buffered", first_seq=first,
+                                     last_seq=last))
+            backlog.extend(e for e in replay.events if sub.wants(e))
+        self.subscriptions[sub] = notify
+        reply = OkReply(control_id=request.control_id, payload=Subscribed(
+            last_seq=self.replay.last_seq, num_replayed=len(backlog), resumed_after_seq=position))
+        return sub, reply, backlog
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        if self.subscriptions.pop(sub, None) is not None:
+            self.num_dropped_closed += sub.num_dropped
+
+    @property
+    def num_dropped(self) -> int:
+        return self.num_dropped_closed + sum(s.num_dropped for s in self.subscriptions)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def unit_statuses(self) -> tuple[UnitStatus, ...]:
+        out = []
+        for index, unit in enumerate(self.node.units):
+            load = unit.load()
+            out.append(UnitStatus(
+                unit_id=unit.unit_id, mode=self.node.unit_modes[index],  # type: ignore[arg-type]
+                batch_policy=unit.policy.name, batch_params=dict(unit.policy.params), num_blocks=load.num_blocks,
+                max_num_seqs=load.max_num_seqs, num_running=load.num_running, num_waiting=load.num_waiting,
+            ))
+        return tuple(out)
+
+    def hello(self) -> NodeHello:
+        """The first frame of every connection (a notice: ``seq`` 0)."""
+        return NodeHello(
+            node_id=self.node_id, time_ns=self._get_time_ns(), boot_ns=self.boot_ns, profile=self.profile,
+            units=self.unit_statuses(), dispatch_policy=self.node.dispatcher.name,
+            dispatch_params=dict(self.node.dispatcher.params), batch_policies=self._batch_policies,
+            dispatch_policies=self._dispatch_policies,
+        )
+
+    def status(self) -> StatusInfo:
+        return StatusInfo(
+            node_id=self.node_id, dispatch_policy=self.node.dispatcher.name,
+            dispatch_params=dict(self.node.dispatcher.params), units=self.unit_statuses(),
+            last_seq=self.replay.last_seq, oldest_seq=self.replay.oldest_seq,
+            num_subscribers=len(self.subscriptions),
+        )
+
+    def metrics_text(self) -> str:
+        return render(self.node, self.metrics, model_name=self.profile, num_dropped=self.num_dropped,
+                      num_subscribers=len(self.subscriptions))
+
+    # -- control --------------------------------------------------------------------------------------------
+    def handle(self, request: ControlRequest, *, who: str) -> Reply:
+        """Answer any request but :class:`Subscribe` (which needs a connection: :meth:`subscribe`).
+
+        For a live node this answers a change as soon as it was sent to the units: :meth:`handle_async` waits
+        for their acknowledgement (the server uses that one).
+        """
+        done = self._decide(request, who)
+        return self._answer(done, request.control_id) if isinstance(done, AuditRecord) else done
+
+    async def handle_async(self, request: ControlRequest, *, who: str) -> Reply:
+        """:meth:`handle`, except that for a :class:`~agent.runtime.port.LiveNode` an applied change is answered (and
+        audited) once the units it went to have acknowledged it (:meth:`~agent.runtime.port.LiveNode.settle`): a unit
+        that refused it makes the change ``rejected`` (code ``unit_refused``; that unit keeps its previous
+        setting), one that did not answer in time is named in the audit's message. Never awaits otherwise."""
+        done = self._decide(request, who)
+        if not isinstance(done, AuditRecord):
+            return done
+        node = self.node
+        if done.result == "applied" and isinstance(node, LiveNode):
+            try:
+                settled = await node.settle(self.settle_timeout_s)
+            except Exception as exc:  # as in handle(): answer, log, carry on
+                log.exception("settling control request %s failed", request.__struct_config__.tag)
+                settled = Settled(refused=(f"internal error: {exc}",))
+            if settled.refused:
+                done = self.control.amend(done, result="rejected", error="; ".join(settled.refused),
+                                          error_code="unit_refused")
+            elif settled.unconfirmed:
+                done = self.control.amend(done, note="; ".join(settled.unconfirmed))
+        return self._answer(done, request.control_id)
+
+    def _decide(self, request: ControlRequest, who: str) -> AuditRecord | Reply:
+        """The reply to a read or a refused request, or the audit record of an executed change."""
+        cid = request.control_id
+        if isinstance(request, Status):
+            return OkReply(control_id=cid, payload=self.status())
+        if isinstance(request, ListPolicies):
+            return OkReply(control_id=cid, payload=PolicyList(batch_policies=self._batch_policies,
+                                                              dispatch_policies=self._dispatch_policies))
+        if isinstance(request, Subscribe):
+            return ErrorReply(control_id=cid, code=ErrorCode.INTERNAL, message="subscribe needs a connection")
+        if request.needs_token and not token_matches(request.token, self._token):
+            why = "wrong or missing token" if self._token else "control is disabled on this agent (no token file)"
+            return ErrorReply(control_id=cid, code=ErrorCode.UNAUTHORIZED, message=why)
+        try:
+            return self._execute(request, who)
+        except Exception as exc:  # a bug must not take the agent down: answer, log, carry on
+            log.exception("control request %s failed", request.__struct_config__.tag)
+            return ErrorReply(control_id=cid, code=ErrorCode.INTERNAL, message=f"internal error: {exc}")
+
+    def _answer(self, record: AuditRecord, cid: str) -> Reply:
+        """Publish ``record``'s audit event and answer with it (an error reply when it was rejected)."""
+        audit = audit_event(record, self.node_id, cid)
+        self.publish(audit)
+        if record.result == "rejected":
+            return ErrorReply(control_id=cid, code=record.error_code or ErrorCode.INTERNAL,
+                              message=record.error or "rejected")
+        return OkReply(control_id=cid, payload=audit)
+
+    def _execute(self, request: ControlRequest, who: str, dry_run: bool = False) -> AuditRecord:
+        c = self.control
+        if isinstance(request, DryRun):
+            return self._execute(request.change, who, dry_run=True)
+        if isinstance(request, SetBatchPolicy):
+            return c.set_batch_policy(request.policy, request.params, units=request.unit_ids or None, who=who,
+                                      dry_run=dry_run)
+        if isinstance(request, SetDispatchPolicy):
+            return c.set_dispatch_policy(request.policy, request.params, who=who, dry_run=dry_run)
+        if isinstance(request, SetParams):
+            return c.set_params(request.params, target=request.target, units=request.unit_ids or None, who=who,
+                                dry_run=dry_run)
+        if isinstance(request, PauseUnit | DrainUnit | ResumeUnit):
+            mode = {PauseUnit: "paused", DrainUnit: "draining", ResumeUnit: "active"}[type(request)]
+            return c.set_unit_mode(request.unit_id, mode, who=who)
+        raise TypeError(f"not a control action: {type(request).__name__}")
+
+
+def audit_event(record: AuditRecord, node_id: str, control_id: str) -> ControlAudit:
+    """An :class:`AuditRecord` as a stream event (settings per target; see ``NodeControl`` for the shapes)."""
+    old: list[Setting] = []
+    new: list[Setting] = []
+    targets: list[int | None] = list(record.unit_ids) or [None]
+    if record.action == "set_batch_policy":
+        old = [_setting(int(uid), v) for uid, v in record.old.items()]
+        new = [_setting(uid, record.new) for uid in targets]
+    elif record.action == "set_dispatch_policy":
+        old = [_setting(None, record.old)] if record.old else []
+        new = [_setting(None, record.new)]
+    elif record.action == "set_params":
+        old = [Setting(unit_id=None if k == "dispatch" else int(k), params=dict(v)) for k, v in record.old.items()]
+        new = [Setting(unit_id=uid, params=dict(record.new)) for uid in targets]
+    else:
+        if record.old:
+            old = [Setting(unit_id=targets[0], mode=record.old["mode"])]
+        mode = record.new.get("mode")
+        new = [Setting(unit_id=targets[0], mode=mode if mode in ("active", "draining", "paused") else None)]
+    return ControlAudit(
+        node_id=node_id, time_ns=record.time_ns, actor=record.who, control_id=control_id,
+        action=record.action,  # type: ignore[arg-type]
+        unit_ids=record.unit_ids, old=tuple(old), new=tuple(new),
+        result=record.result,  # type: ignore[arg-type]
+        error_code=record.error_code or "", message=record.error or record.note or "",
+    )
+
+
+def _setting(unit_id: int | None, value: Mapping[str, Any]) -> Setting:
+    return Setting(unit_id=unit_id, policy=str(value.get("policy", "")), params=dict(value.get("params", {})))

@@ -1,0 +1,171 @@
+"""``trackside agent --engine vllm``: start vLLM units and serve them as the agent's node.
+
+The units start one after another (on one GPU each takes its share of the memory, ``gpu_memory_utilization``),
+then :class:`~agent.runtime.vllm.live.LiveVllmNode` wraps them and their dispatcher for the agent's hub and
+websocket server (telemetry, control, ``/metrics``: the same stream as simulated units), and, with
+``serve_openai``, :class:`~agent.service.openai_server.OpenAIServer` takes requests from any OpenAI client. A
+workload given instead (or as well) is replayed at its arrival times. With ``fake_executor`` the units run the
+tiny model of :mod:`agent.engine.vllm.cpu` on the fake executor: no GPU, no weights (tests, trying it out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import ssl
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
+
+from agent.engine.vllm.config import UnitSettings
+from agent.engine.vllm.unit import EngineOptions, VllmUnit
+from agent.runtime.port import LiveNode
+from agent.runtime.vllm.cluster import VllmCluster
+from agent.runtime.vllm.live import LiveVllmNode
+from agent.service.hub import Hub
+from agent.service.server import AgentServer
+from agent.workload.types import RequestSpec
+from policies.params import ParamValue
+from policies.registry import make_batch_policy, make_dispatch_policy
+
+FAKE_MODEL = "tiny-llama-fake"
+"""The served name of the fake executor's model."""
+
+
+class AgentStartError(Exception):
+    """A unit's engine did not start (the message says which and why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmAgentConfig:
+    """What ``trackside agent --engine vllm`` runs."""
+
+    units: int
+    batch_policy: str
+    batch_params: Mapping[str, ParamValue]
+    dispatch: str
+    dispatch_params: Mapping[str, ParamValue]
+    engine: EngineOptions
+    """Every unit's engine (``gpu_memory_utilization`` is each unit's share)."""
+    fake_executor: bool = False
+    fake_num_blocks: int = 1024
+    """KV blocks of a fake-executor unit."""
+    coefficients: tuple[float, float, float] | None = None
+    """The policies' prior step model (a profile's); None: the scheduler's default (H100, Llama-3.1-8B)."""
+    ttft_slo_s: float = 0.5
+    tpot_slo_s: float = 0.05
+    serve_openai: tuple[str, int] | None = None
+    served_model_name: str | None = None
+    requests: Sequence[RequestSpec] = field(default_factory=tuple)
+    """A workload to replay (arrival times from the start of serving)."""
+    seed: int = 0
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or (FAKE_MODEL if self.fake_executor else self.engine.model)
+
+
+def build_units(config: VllmAgentConfig) -> list[VllmUnit]:
+    """The units (not started), each with the batch policy and the SLO defaults."""
+    settings = UnitSettings(policy=config.batch_policy, params=dict(config.batch_params),
+                            coefficients=config.coefficients, ttft_slo_s=config.ttft_slo_s,
+                            tpot_slo_s=config.tpot_slo_s)
+    units = []
+    for i in range(config.units):
+        kwargs: dict[str, Any] = {}
+        if config.fake_executor:
+            from agent.engine.vllm.cpu import cpu_vllm_config
+            from agent.engine.vllm.fake_executor import FakeExecutor
+
+            e = config.engine
+            kwargs = {"vllm_config": cpu_vllm_config(
+                max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
+                max_model_len=e.max_model_len, async_scheduling=e.async_scheduling,
+                num_blocks=config.fake_num_blocks, prefix_caching=e.enable_prefix_caching,
+            ), "executor_class": FakeExecutor}
+        units.append(VllmUnit(i, config.engine, settings, **kwargs))
+    return units
+
+
+def start_units(units: Sequence[VllmUnit], out: TextIO = sys.stderr) -> None:
+    """Start the engines one after another (each measures the free GPU memory the previous ones left)."""
+    for unit in units:
+        t = time.monotonic()
+        try:
+            unit.start()
+        except Exception as exc:  # vLLM's reason, on one line: the model, the memory, the device...
+            raise AgentStartError(f"unit {unit.unit_id} did not start: {type(exc).__name__}: {exc}") from exc
+        print(f"trackside agent: unit {unit.unit_id} started in {time.monotonic() - t:.1f} s "
+              f"({unit.num_blocks} KV blocks of {unit.block_size} tokens)", file=out, flush=True)
+
+
+def runnable(requests: Sequence[RequestSpec], max_model_len: int) -> list[RequestSpec]:
+    """The requests whose prompt and output fit the model's length."""
+    return [r for r in requests if r.prompt_tokens + r.output_tokens <= max_model_len]
+
+
+async def run_agent(
+    config: VllmAgentConfig, *, node_id: str, token: str, host: str, port: int, tls: ssl.SSLContext | None = None,
+    replay_events: int = 65536, slack_sample_ms: float = 250.0, stop: asyncio.Event | None = None,
+    install_signals: bool = True, out: TextIO = sys.stderr,
+) -> int:
+    """Start the units and serve them until ``stop`` (or SIGINT/SIGTERM), or until a replayed workload is done when
+    there is no OpenAI intake. Returns the exit status."""
+    stop = stop or asyncio.Event()
+    if install_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    # Policies are built (and checked) before any engine starts; the agent keeps one copy per unit.
+    policies = [make_batch_policy(config.batch_policy, dict(config.batch_params)) for _ in range(config.units)]
+    dispatcher = make_dispatch_policy(config.dispatch, dict(config.dispatch_params))
+    units = build_units(replace(config, batch_params=dict(policies[0].params)))
+    openai: Any = None
+    try:
+        start_units(units, out)
+        model_config = units[0].llm.model_config
+        requests = runnable(config.requests, int(model_config.max_model_len))
+        if len(requests) < len(config.requests):
+            print(f"trackside agent: {len(config.requests) - len(requests)} requests longer than the model's "
+                  f"{model_config.max_model_len} tokens left out", file=out)
+        cluster = VllmCluster(units, dispatcher, ttft_slo_s=config.ttft_slo_s, tpot_slo_s=config.tpot_slo_s)
+        node = LiveVllmNode(cluster, policies, requests=requests, vocab=int(model_config.get_vocab_size()),
+                            seed=config.seed)
+        served: LiveNode = node
+        hub = Hub(served, node_id=node_id, profile=config.model_name, token=token, replay_capacity=replay_events,
+                  slack_sample_ms=slack_sample_ms, boot_ns=node.origin_ns)
+        async with AgentServer(hub, host=host, port=port, ssl_context=tls, gc_control=False) as server:
+            print(f"trackside agent {node_id}: {server.url} ({len(units)} vLLM units of {config.model_name}, "
+                  f"batch policy {config.batch_policy}, dispatch {dispatcher.name}"
+                  f"{f', {len(requests)} requests to replay' if requests else ''})", file=out, flush=True)
+            if config.serve_openai is not None:
+                from agent.service.openai_server import OpenAIServer
+
+                openai = OpenAIServer(cluster, *config.serve_openai, model_name=config.model_name)
+                await openai.start()
+                print(f"trackside agent: OpenAI API at {openai.base_url}", file=out, flush=True)
+            waits = [asyncio.create_task(stop.wait())]
+            if openai is None:
+                waits.append(asyncio.create_task(server.workload_done.wait()))
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in waits:
+                task.cancel()
+            if openai is not None:
+                await openai.stop()
+                openai = None
+            await node.close()
+            await server.drain(2.0)
+            print(f"trackside agent: {'workload done' if server.workload_done.is_set() else 'stopped'}: "
+                  f"{node.num_finished} finished, {node.num_rejected} refused, {node.num_ended} aborted or failed, "
+                  f"{hub.sequencer.last_seq} events", file=out)
+    finally:
+        if openai is not None:
+            with contextlib.suppress(Exception):
+                await openai.stop()
+        for unit in units:
+            with contextlib.suppress(Exception):
+                await unit.stop()
+    return 0

@@ -1,0 +1,144 @@
+"""Prometheus text exposition of a node's state, written by hand (the format is simple; no client library).
+
+Served by the agent at ``GET /metrics`` (``agent.service.server``). Where vLLM has a metric for the same thing, its
+name and labels are used (``vllm:num_requests_running{model_name=...,engine="0"}``; vLLM v1 labels every
+per-engine metric with ``model_name`` and ``engine``), so dashboards built for vLLM work on an agent. Ours
+are prefixed ``trackside_``.
+
+:class:`NodeMetrics` accumulates what is only seen as a stream (step durations, SLO outcomes);
+:func:`render` reads the rest from the node at scrape time. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agent.engine.base import RequestOutcome, StepRecord
+from agent.runtime.port import ServedNode
+
+STEP_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+"""Upper bounds of the step-duration histogram (seconds); ``+Inf`` is implicit."""
+
+
+@dataclass(slots=True)
+class _Histogram:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.bounds)
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+        i = bisect_left(self.bounds, value)  # the first bucket whose bound is >= value; none past the last
+        if i < len(self.counts):
+            self.counts[i] += 1
+
+
+@dataclass(slots=True)
+class NodeMetrics:
+    """The streamed part of the metrics: fed by the agent's node hooks."""
+
+    step_s: dict[int, _Histogram] = field(default_factory=dict)
+    """Step durations per unit (node time, seconds)."""
+    num_finished: dict[int, int] = field(default_factory=dict)
+    num_slo_attained: dict[int, int] = field(default_factory=dict)
+
+    def observe_step(self, record: StepRecord) -> None:
+        hist = self.step_s.get(record.unit_id)
+        if hist is None:
+            hist = self.step_s[record.unit_id] = _Histogram(STEP_BUCKETS_S)
+        hist.observe(record.duration_s)
+
+    def observe_outcome(self, outcome: RequestOutcome) -> None:
+        uid = outcome.unit_id
+        self.num_finished[uid] = self.num_finished.get(uid, 0) + 1
+        if outcome.met_slo:
+            self.num_slo_attained[uid] = self.num_slo_attained.get(uid, 0) + 1
+
+
+def escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def format_value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items()) + "}"
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            self.lines.append(f"{name}{_labels(labels)} {format_value(value)}")
+
+    def histogram(self, name: str, help_text: str, series: Sequence[tuple[Mapping[str, str], _Histogram]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} histogram")
+        for labels, hist in series:
+            cumulative = 0
+            for bound, count in zip(hist.bounds, hist.counts, strict=True):
+                cumulative += count
+                self.lines.append(f"{name}_bucket{_labels({**labels, 'le': format_value(bound)})} {cumulative}")
+            self.lines.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {hist.count}")
+            self.lines.append(f"{name}_sum{_labels(labels)} {format_value(hist.total)}")
+            self.lines.append(f"{name}_count{_labels(labels)} {hist.count}")
+
+
+def render(node: ServedNode, metrics: NodeMetrics, *, model_name: str, num_dropped: int, num_subscribers: int) -> str:
+    """The exposition text (format 0.0.4) for ``node`` now."""
+    w = _Writer()
+    units = [(u, {"model_name": model_name, "engine": str(u.unit_id)}, u.load()) for u in node.units]
+    w.family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+             ((labels, load.num_running) for _, labels, load in units))
+    w.family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+             ((labels, load.num_waiting) for _, labels, load in units))
+    w.family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+             ((labels, load.kv_used_blocks / load.num_blocks if load.num_blocks else 0.0) for _, labels, load in units))
+    w.histogram("trackside_step_duration_seconds", "Duration of engine steps (node time).",
+                [(labels, metrics.step_s[u.unit_id]) for u, labels, _ in units if u.unit_id in metrics.step_s])
+    w.family("trackside_prefill_admission_budget_tokens", "gauge",
+             "Prefill admission budget of the unit's batch policy (FairBatching PAB), where it computes one.",
+             ((labels, load.prefill_admission_budget) for _, labels, load in units
+              if load.prefill_admission_budget is not None))
+    w.family("trackside_batch_policy_info", "gauge", "The batch policy each unit runs (value 1).",
+             (({**labels, "policy": u.policy.name}, 1) for u, labels, _ in units))
+    w.family("trackside_unit_mode_info", "gauge", "Each unit's mode: active, draining or paused (value 1).",
+             (({**labels, "mode": node.unit_modes[i]}, 1) for i, (_, labels, _) in enumerate(units)))
+    w.family("trackside_dispatch_policy_info", "gauge", "The node's dispatch policy (value 1).",
+             [({"model_name": model_name, "policy": node.dispatcher.name}, 1)])
+    w.family("trackside_requests_arrived_total", "counter", "Requests that reached the node's dispatcher.",
+             [({"model_name": model_name}, node.num_arrived)])
+    w.family("trackside_requests_finished_total", "counter", "Requests finished, per unit.",
+             ((labels, metrics.num_finished.get(u.unit_id, 0)) for u, labels, _ in units))
+    w.family("trackside_slo_attained_total", "counter", "Finished requests that met their TTFT and TPOT SLOs.",
+             ((labels, metrics.num_slo_attained.get(u.unit_id, 0)) for u, labels, _ in units))
+    w.family("trackside_requests_refused_total", "counter",
+             "Requests refused: by a unit's admission control (by=unit) or by the dispatcher (by=dispatcher).",
+             [({"model_name": model_name, "by": "unit"}, node.num_refused),
+              ({"model_name": model_name, "by": "dispatcher"}, node.num_rejected - node.num_refused)])
+    w.family("trackside_telemetry_dropped_total", "counter",
+             "Telemetry events dropped for subscribers too slow to take them.", [({}, num_dropped)])
+    w.family("trackside_telemetry_subscribers", "gauge", "Connected telemetry subscribers.", [({}, num_subscribers)])
+    return "\n".join(w.lines) + "\n"

@@ -1,0 +1,157 @@
+"""Commands a client sends an agent (:data:`ControlRequest`: read-only queries, authenticated changes, a
+subscription) and the agent's replies (:data:`Reply`); :data:`AgentFrame` is anything a client receives.
+Commands forbid unknown fields: a misspelt field is an error, never silently ignored."""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Final, Literal
+
+import msgspec
+
+from agent.telemetry.events import (
+    MAX_BATCH_EVENTS,
+    PROTOCOL_VERSION,
+    ControlAudit,
+    Event,
+    EventBatch,
+    NonNegative,
+    PolicySchema,
+    UnitStatus,
+    union_tags,
+)
+from policies.params import ParamValue
+
+
+# -- control -------------------------------------------------------------------------------------------------
+class RequestBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", forbid_unknown_fields=True):
+    needs_token: ClassVar[bool] = True
+    """Whether the server must check ``token`` (read-only requests need none)."""
+    control_id: str = ""
+    """Chosen by the client; echoed in the reply and the audit event."""
+    token: str = ""
+
+
+class Status(RequestBase, frozen=True, kw_only=True, tag="status"):
+    needs_token: ClassVar[bool] = False
+
+
+class ListPolicies(RequestBase, frozen=True, kw_only=True, tag="list_policies"):
+    needs_token: ClassVar[bool] = False
+
+
+class SetBatchPolicy(RequestBase, frozen=True, kw_only=True, tag="set_batch_policy"):
+    policy: str
+    params: dict[str, ParamValue] = {}
+    unit_ids: tuple[NonNegative, ...] = ()
+    """Empty: every unit."""
+
+
+class SetDispatchPolicy(RequestBase, frozen=True, kw_only=True, tag="set_dispatch_policy"):
+    policy: str
+    params: dict[str, ParamValue] = {}
+
+
+class SetParams(RequestBase, frozen=True, kw_only=True, tag="set_params"):
+    """Live parameter changes of the running batch (or dispatch) policy."""
+
+    target: Literal["batch", "dispatch"]
+    params: Annotated[dict[str, ParamValue], msgspec.Meta(min_length=1)]
+    unit_ids: tuple[NonNegative, ...] = ()
+
+
+class DryRun(RequestBase, frozen=True, kw_only=True, tag="dry_run"):
+    """Validate a change and report what it would do, changing nothing (the inner token is ignored)."""
+
+    change: SetBatchPolicy | SetDispatchPolicy | SetParams
+
+
+class PauseUnit(RequestBase, frozen=True, kw_only=True, tag="pause_unit"):
+    unit_id: NonNegative
+
+
+class DrainUnit(RequestBase, frozen=True, kw_only=True, tag="drain_unit"):
+    """Stop dispatching to the unit; it finishes what it holds."""
+
+    unit_id: NonNegative
+
+
+class ResumeUnit(RequestBase, frozen=True, kw_only=True, tag="resume_unit"):
+    unit_id: NonNegative
+
+
+class Subscribe(RequestBase, frozen=True, kw_only=True, tag="subscribe"):
+    """Start (or resume) the event stream on this connection. Read-only: no token needed."""
+
+    needs_token: ClassVar[bool] = False
+    protocol_version: int = PROTOCOL_VERSION
+    unit_ids: tuple[NonNegative, ...] | None = None
+    """None: every unit. Node-level events (hello, dispatcher changes, node alerts) always pass."""
+    kinds: tuple[str, ...] | None = None
+    """Event kinds (:data:`EVENT_KINDS`); None: all."""
+    resume_after_seq: NonNegative | None = None
+    """The last sequence number the client has; the stream restarts after it (None: live only)."""
+    resume_boot_ns: int | None = None
+    """The run of the agent (its hello's ``boot_ns``) that ``resume_after_seq`` counts in; None: the current
+    run. When it names another run (the agent restarted, its sequence numbers with it), the stream restarts
+    from the first event this run still buffers, after a ``gap`` alert when that is not seq 1."""
+    max_batch: Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_EVENTS)] = 1
+    """Events per frame at most: above 1, whatever is queued for this subscriber when it can send goes as one
+    :class:`EventBatch` (never waiting for more; at most :data:`MAX_FRAME_BYTES` bytes); 1: one event per
+    frame. Needs ``protocol_version`` 2."""
+
+
+ControlRequest = (
+    Status | ListPolicies | SetBatchPolicy | SetDispatchPolicy | SetParams | DryRun | PauseUnit | DrainUnit
+    | ResumeUnit | Subscribe
+)
+CONTROL_KINDS: Final = union_tags(ControlRequest)
+
+
+class StatusInfo(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="status_info"):
+    protocol_version: int = PROTOCOL_VERSION
+    node_id: str
+    dispatch_policy: str
+    dispatch_params: dict[str, ParamValue] = {}
+    units: tuple[UnitStatus, ...]
+    last_seq: int
+    oldest_seq: int
+    """Oldest sequence number still buffered for resume."""
+    num_subscribers: int = 0
+
+
+class PolicyList(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="policy_list"):
+    batch_policies: tuple[PolicySchema, ...]
+    dispatch_policies: tuple[PolicySchema, ...]
+
+
+class Subscribed(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="subscribed"):
+    last_seq: int
+    """The stream's position when the subscription started."""
+    num_replayed: int = 0
+    """Buffered events queued for this subscriber by the resume."""
+    resumed_after_seq: int | None = None
+    """Where the stream restarts: the request's ``resume_after_seq``, or 0 when its ``resume_boot_ns`` named
+    another run of the agent (None: live only)."""
+
+
+Payload = StatusInfo | PolicyList | ControlAudit | Subscribed
+
+
+class OkReply(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="ok"):
+    control_id: str = ""
+    payload: Payload | None = None
+
+
+class ErrorReply(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="error"):
+    control_id: str = ""
+    code: str
+    """An :class:`ErrorCode`, or a code of the control plane."""
+    message: str
+
+
+Reply = OkReply | ErrorReply
+AgentFrame = Event | EventBatch | Reply
+"""Anything a client receives."""
+Message = Event | EventBatch | ControlRequest | Reply
+
+
