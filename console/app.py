@@ -1,7 +1,7 @@
-"""The operator console: a Textual app whose screens are modes (Overview, Heatmap), fed by feed workers.
+"""The operator console: a Textual app whose screens are modes (:mod:`console.screens.registry`), fed by feed workers.
 
 Data flow (STYLE example 8): one async worker per feed folds its updates into a plain
-:class:`~console.state.ConsoleState`; a timer every ``refresh_s`` hands the state to the active screen when it
+:class:`~console.model.state.ConsoleState`; a timer every ``refresh_s`` hands the state to the active screen when it
 changed (so screens redraw at most ``1 / refresh_s`` times a second, however fast events arrive); screens
 compute what they draw with the pure queries and pass it down to their widgets.
 
@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from textual.app import App, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
@@ -25,21 +25,18 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 
 from console.feeds import Feed, ReplayFeed
-from console.metrics import METRIC_SPECS
-from console.model import Connection
-from console.playback import Playback, Where, describe
+from console.model.playback import Playback, Where, describe
+from console.model.records import Connection
+from console.model.state import ConsoleState
 from console.replay_keys import REPLAY_BINDINGS, replay_commands
 from console.screens.base import StateScreen
 from console.screens.heatmap import HeatmapScreen
 from console.screens.help import HelpScreen, key_help
 from console.screens.overview import OverviewScreen
-from console.screens.policies import PoliciesScreen
+from console.screens.registry import SCREEN_BINDINGS, SCREENS
 from console.screens.slack import SlackScreen
-from console.screens.sql import SqlScreen
-from console.screens.stages import StagesScreen
 from console.screens.steps import StepsScreen
 from console.sql import Database
-from console.state import ConsoleState
 from console.themes import THEMES
 
 Clock = Callable[[], int]
@@ -47,18 +44,8 @@ Clock = Callable[[], int]
 
 FEED_CLOSE_TIMEOUT_S = 2.0
 """How long an exiting console waits for its feeds to close their connections."""
-SCREEN_KEYS = Binding.Group("screens", compact=True)
-"""The seven screen keys share one footer entry (``1234567 screens``; the current one dimmed), so the footer fits
-80 columns; the help screen and the command palette still name each screen."""
-MODE_TITLES: dict[str, str] = {
-    "overview": "Overview",
-    "heatmap": "Heatmap",
-    "steps": "Steps",
-    "slack": "Slack",
-    "stages": "Stages",
-    "policies": "Policies",
-    "sql": "SQL",
-}
+MODE_TITLES: Final[dict[str, str]] = {spec.name: spec.title for spec in SCREENS}
+"""Each mode's title (the header's subtitle starts with it)."""
 
 
 class ConsoleApp(App[int]):
@@ -66,73 +53,10 @@ class ConsoleApp(App[int]):
 
     CSS_PATH = "console.tcss"
     TITLE = "trackside"
-    MODES: ClassVar[dict[str, str | Callable[[], Screen[Any]]]] = {
-        "overview": OverviewScreen,
-        "heatmap": HeatmapScreen,
-        "steps": StepsScreen,
-        "slack": SlackScreen,
-        "stages": StagesScreen,
-        "policies": PoliciesScreen,
-        "sql": SqlScreen,
-    }
-    DEFAULT_MODE: ClassVar[str] = "overview"
+    MODES: ClassVar[dict[str, str | Callable[[], Screen[Any]]]] = {spec.name: spec.screen for spec in SCREENS}
+    DEFAULT_MODE: ClassVar[str] = SCREENS[0].name
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding(
-            "1",
-            "show_mode('overview')",
-            "Overview",
-            id="console.overview",
-            group=SCREEN_KEYS,
-            tooltip="Nodes and units: state, policy, throughput, goodput, SLO attainment, TTFT/TPOT, alerts",
-        ),
-        Binding(
-            "2",
-            "show_mode('heatmap')",
-            "Heatmap",
-            id="console.heatmap",
-            group=SCREEN_KEYS,
-            tooltip="One metric of every unit over time, with a cursor and policy-change markers",
-        ),
-        Binding(
-            "3",
-            "show_mode('steps')",
-            "Steps",
-            id="console.steps",
-            group=SCREEN_KEYS,
-            tooltip="A unit's recent steps: prefill/decode tokens, mode, predicted vs measured time, budget, reasons",
-        ),
-        Binding(
-            "4",
-            "show_mode('slack')",
-            "Slack",
-            id="console.slack",
-            group=SCREEN_KEYS,
-            tooltip="A unit's slack over its running requests, the nearest to a miss, one request's envelope",
-        ),
-        Binding(
-            "5",
-            "show_mode('stages')",
-            "Stages",
-            id="console.stages",
-            group=SCREEN_KEYS,
-            tooltip="Length stages of a staged dispatcher: lengths, boundaries over time, stage load, migrations",
-        ),
-        Binding(
-            "6",
-            "show_mode('policies')",
-            "Policies",
-            id="console.policies",
-            group=SCREEN_KEYS,
-            tooltip="Policies of units and dispatchers: edit with a dry run, pause/drain/resume, the audit log",
-        ),
-        Binding(
-            "7",
-            "show_mode('sql')",
-            "SQL",
-            id="console.sql",
-            group=SCREEN_KEYS,
-            tooltip="Read-only SQL on the console's DuckDB (the replay or its own recording); export to CSV/Parquet",
-        ),
+        *SCREEN_BINDINGS,
         Binding("question_mark,f1", "help", "Help", id="console.help", tooltip="List the keys of this screen"),
         Binding("q", "quit", "Quit", id="console.quit", tooltip="Leave the console"),
         *REPLAY_BINDINGS,
@@ -250,7 +174,7 @@ class ConsoleApp(App[int]):
 
     # -- actions --------------------------------------------------------------------------------------------------
     async def action_show_mode(self, mode: str) -> None:
-        """Switch to the screen of ``mode`` (``overview`` or ``heatmap``)."""
+        """Switch to the screen of ``mode`` (a screen's name in :data:`~console.screens.registry.SCREENS`)."""
         if mode != self.current_mode:
             await self.switch_mode(mode)
         self.refresh_views(force=True)
@@ -311,28 +235,12 @@ class ConsoleApp(App[int]):
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """The command palette: the app's own commands, then the console's actions (the same methods as keys)."""
         yield from super().get_system_commands(screen)
-        yield SystemCommand("Overview", "Nodes, units and alerts (key 1)", partial(self.action_show_mode, "overview"))
-        yield SystemCommand(
-            "Heatmap", "Units by time for one metric (key 2)", partial(self.action_show_mode, "heatmap")
-        )
-        yield SystemCommand("Steps", "A unit's steps and reasons (key 3)", partial(self.action_show_mode, "steps"))
-        yield SystemCommand("Slack", "Slack of running requests (key 4)", partial(self.action_show_mode, "slack"))
-        yield SystemCommand(
-            "Stages", "Length stages, boundaries and migrations (key 5)", partial(self.action_show_mode, "stages")
-        )
-        yield SystemCommand(
-            "Policies", "Policies, control and the audit log (key 6)", partial(self.action_show_mode, "policies")
-        )
-        yield SystemCommand("SQL", "Query the console's DuckDB (key 7)", partial(self.action_show_mode, "sql"))
+        for spec in SCREENS:
+            yield SystemCommand(
+                spec.title, f"{spec.tooltip} (key {spec.key})", partial(self.action_show_mode, spec.name)
+            )
         yield SystemCommand("Help", "List the keys of this screen, with their ids (key ?)", self.action_help)
         if self.playback is not None:
             yield from replay_commands(self)
-        if isinstance(screen, OverviewScreen | PoliciesScreen | SqlScreen):
+        if isinstance(screen, StateScreen):
             yield from screen.system_commands()
-        if isinstance(screen, HeatmapScreen):
-            for metric, spec in METRIC_SPECS.items():
-                yield SystemCommand(
-                    f"Heatmap: {spec.label}",
-                    f"Show {spec.label} per unit (key {spec.key})",
-                    partial(screen.action_set_metric, metric.value),
-                )

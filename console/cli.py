@@ -31,10 +31,10 @@ from agent.telemetry.client import TokenFileError, read_token
 from console.app import ConsoleApp
 from console.demo import AgentOptions, DemoError, data_dir, demo_children
 from console.feeds import Feed, LiveFeed, ReplayFeed
-from console.playback import MAX_SPEED, MIN_SPEED, Playback
+from console.model.playback import MAX_SPEED, MIN_SPEED, Playback
+from console.model.state import HISTORY_BUCKETS, ConsoleState
 from console.recorder import ConsoleRecorder, RecordError, RecordingFeed
 from console.sql import Database, ReplayDatabase
-from console.state import HISTORY_BUCKETS, ConsoleState
 from console.themes import theme_names
 from store.schema import StoreError, connect
 

@@ -2,7 +2,7 @@
 
 Both are :class:`Feed`\\ s: ``async for update in feed.updates()`` yields :class:`FeedUpdate`\\ s, each either a
 batch of events (a frame's worth, or a chunk read back from the store) or a change of the feed's connection.
-The app runs one async worker per feed and folds the updates into its :class:`~console.state.ConsoleState`;
+The app runs one async worker per feed and folds the updates into its :class:`~console.model.state.ConsoleState`;
 feeds never touch the state or the UI themselves.
 
 * :class:`LiveFeed` wraps :func:`agent.telemetry.client.stream_batches` (batch frames, reconnect with backoff, resume by
@@ -10,10 +10,10 @@ feeds never touch the state or the UI themselves.
   whenever a connection attempt fails (the backoff generator is asked for a delay), ``offline`` when the agent
   refuses the subscription (``AgentError``) or the URI is unusable.
 * :class:`ReplayFeed` reads a store (in a worker thread), state ``replay``, following a
-  :class:`~console.playback.Playback`: the state shows the events up to the replay's position; moving forward reads
-  on (a :class:`~console.history.Timeline`), going back (or far forward) starts the state over from a rebuild
-  (:func:`~console.history.read_back`; the first update has ``reset``). By default the cursor opens at the end of
-  the file, paused: the whole file read back as fast as it reads, as before there was a cursor.
+  :class:`~console.model.playback.Playback`: the state shows the events up to the replay's position; moving
+  forward reads on (a :class:`~console.history.Timeline`), going back (or far forward) starts the state over from
+  a rebuild (:func:`~console.history.read_back`; the first update has ``reset``). By default the cursor opens at
+  the end of the file, paused: the whole file read back as fast as it reads, as before there was a cursor.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import duckdb
 from agent.telemetry import Event, NodeHello
 from agent.telemetry.client import AgentError, Delays, ResumeFrom, backoff, stream_batches
 from console.history import MAX_REBUILD_EVENTS, Timeline, chunks_in_thread, read_back
-from console.model import Connection
-from console.playback import Playback
+from console.model.playback import Playback
+from console.model.records import Connection
 from store.replay import time_span
 from store.schema import StoreError, connect
 

@@ -1,14 +1,16 @@
 """The console records what it shows (issue #6, item 9): the events of its live feeds go into its own DuckDB file.
 
-:class:`ConsoleRecorder` owns a :class:`store.writer.StoreWriter` and a thread that writes to it: the feed
-workers hand every frame's events to :meth:`ConsoleRecorder.record` (a queue put; the UI never waits for the
-database), the thread writes them in batches and commits at least every ``flush_s`` seconds, and
-:meth:`ConsoleRecorder.close` writes the rest and commits before the file is closed. What is stored is what the
-state model is given: each connection's hello and the stream's events (``seq`` > 0); per-subscriber notices
-(flow control, gaps) are shown, not stored, as ``trackside record`` does. Events the agent dropped for a console
-that fell behind are not fetched again (the console shows the present); ``trackside record`` does fetch them.
+:class:`ConsoleRecorder` is the store's recorder (:class:`store.recorder.Recorder`, the one ``trackside record``
+uses) on a :class:`store.writer.StoreWriter` of the console's file: the feed workers hand every frame's events to
+:meth:`~store.recorder.Recorder.record` (a queue put that never waits: the UI never waits for the database; beyond
+``max_backlog`` events behind, frames are dropped and counted), its thread writes them in batches and commits at
+least every ``flush_s`` seconds, and :meth:`ConsoleRecorder.close` writes the rest and commits before the file is
+closed. What is stored is what the state model is given: each connection's hello and the stream's events
+(``seq`` > 0); per-subscriber notices (flow control, gaps) are shown, not stored, as ``trackside record`` does.
+Events the agent dropped for a console that fell behind are not fetched again (the console shows the present);
+``trackside record`` does fetch them.
 
-Resume: a live feed asks :meth:`ConsoleRecorder.resume_from` at its first hello, which is the store's last
+Resume: a live feed asks :meth:`~store.recorder.Recorder.resume_from` at its first hello, which is the store's last
 committed position in that run of the node (``StoreWriter.last_seq``; 0 for a run the file has not seen: the
 agent then sends everything it still buffers). A console restarted on the same file so continues where the last
 one stopped, without duplicates and, while the agent's replay buffer reaches back that far, without a gap.
@@ -23,11 +25,8 @@ screen's queries run on a cursor of the writer's connection (:meth:`query_connec
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -35,85 +34,48 @@ import duckdb
 from agent.telemetry import Event, NodeHello
 from console.feeds import Feed, FeedUpdate
 from console.history import MAX_REBUILD_EVENTS, chunks_in_thread, rebuild_events, take
+from store.recorder import MAX_BACKLOG, Recorder
 from store.replay import time_span
 from store.schema import StoreError
 from store.writer import StoreWriter
 
-log = logging.getLogger(__name__)
-
 HISTORY_CHUNK = 4096
 """Events per update of a node's recorded history."""
-DEFAULT_MAX_BACKLOG = 1_000_000
-"""Events queued for the writer at most; beyond, frames are dropped (and counted) rather than the memory grown."""
 
 
 class RecordError(Exception):
     """The console cannot record to the file it was given (locked by another process, not a store, ...)."""
 
 
-class ConsoleRecorder:
-    """Writes the events the console receives to ``path`` in a thread of its own; also the SQL screen's database."""
+class ConsoleRecorder(Recorder):
+    """Records the events the console receives to ``path``; also the SQL screen's database and each node's history."""
 
     def __init__(
         self,
         path: str | Path,
         *,
         flush_s: float = 1.0,
-        max_backlog: int = DEFAULT_MAX_BACKLOG,
+        max_backlog: int = MAX_BACKLOG,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if flush_s <= 0:
+        if flush_s <= 0:  # before the file is opened
             raise ValueError("flush_s must be positive")
         self.path = Path(path)
-        self.flush_s = flush_s
-        self.max_backlog = max_backlog
-        self._clock = clock
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = StoreWriter(self.path)
+            self._store = StoreWriter(self.path)
         except (StoreError, OSError) as exc:
             raise RecordError(f"cannot record to {self.path}: {exc}") from None
-        self._query_con = self._writer.cursor()
-        self._lock = threading.Lock()
-        """Held around every writer call (the writer is not thread-safe; resume positions are read from the loop)."""
-        self._queue: queue.SimpleQueue[Sequence[Event] | None] = queue.SimpleQueue()
-        self._count_lock = threading.Lock()
-        self._backlog = 0
-        self.num_written = 0
-        """Events handed to the writer (committed at the next flush)."""
-        self.num_dropped = 0
-        """Events dropped because the writer fell :attr:`max_backlog` behind."""
-        self.num_flushes = 0
-        self.error = ""
-        """The last write or commit error ("" while none)."""
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"recorder {self.path.name}", daemon=True)
-        self._thread.start()
-
-    # -- the loop's side ------------------------------------------------------------------------------------------
-    def record(self, events: Sequence[Event]) -> None:
-        """Queue a frame's events for the writer (hellos and stream events; notices are left out). Never blocks."""
-        stored = [e for e in events if e.seq or isinstance(e, NodeHello)]
-        if not stored or self._closed:
-            return
-        with self._count_lock:
-            if self._backlog + len(stored) > self.max_backlog:
-                self.num_dropped += len(stored)
-                return
-            self._backlog += len(stored)
-        self._queue.put(stored)
-
-    def resume_from(self, hello: NodeHello) -> int:
-        """Where a live feed starts in the run ``hello`` announces: after the last committed ``seq`` (0: none)."""
-        with self._lock:
-            return self._writer.last_seq(hello.node_id, hello.boot_ns)
+        self._query_con = self._store.cursor()
+        super().__init__(self._store, flush_s=flush_s, max_backlog=max_backlog, clock=clock,
+                         name=f"recorder {self.path.name}")
 
     def history(self, node_id: str, *, lookback_s: float, max_events: int = MAX_REBUILD_EVENTS) -> Iterator[Event]:
         """The node's recorded events of the last ``lookback_s`` before its newest one (at most ``max_events``),
         and what the state keeps from before them (:func:`console.history.rebuild_events`): what a restarted
         console shows before the live stream resumes after it. Reads the database: iterate it in a thread."""
         with self._lock:
-            cur = self._writer.cursor()
+            cur = self._store.cursor()
         try:
             span = time_span(cur, node_ids=(node_id,))
             if span is not None:
@@ -133,58 +95,10 @@ class ConsoleRecorder:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is queued, commit, close the file (idempotent)."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout_s)
-        with self._lock:
-            try:
-                self._writer.close()
-            except StoreError as exc:
-                self.error = str(exc)
-                log.error("recorder: %s", exc)
-            self._query_con.close()
-
-    def __enter__(self) -> ConsoleRecorder:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # -- the writer thread ----------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        last_flush = self._clock()
-        done = False
-        while not done:
-            batch: list[Event] = []
-            try:
-                item = self._queue.get(timeout=self.flush_s / 4)
-                while True:
-                    if item is None:
-                        done = True
-                        break
-                    batch.extend(item)
-                    item = self._queue.get_nowait()
-            except queue.Empty:
-                pass
-            if batch:
-                self._call(self._writer.write, batch)
-                self.num_written += len(batch)
-                with self._count_lock:  # only now: a batch being written still counts as behind
-                    self._backlog -= len(batch)
-            if done or self._clock() - last_flush >= self.flush_s:
-                self._call(self._writer.flush)
-                self.num_flushes += 1
-                last_flush = self._clock()
-
-    def _call(self, method: Callable[..., None], *args: object) -> None:
-        with self._lock:
-            try:
-                method(*args)
-            except (StoreError, TypeError) as exc:  # the pending events are dropped; later ones are still written
-                self.error = str(exc)
-                log.error("recorder: %s", exc)
+        super().close(timeout_s)
+        self._query_con.close()
 
 
 class RecordingFeed:

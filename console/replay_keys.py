@@ -1,6 +1,6 @@
 """The replay's keys and command-palette entries: app-level, so they work on every screen of a replay.
 
-The keys run the app's ``replay_*`` actions, which move the :class:`~console.playback.Playback`; a live console
+The keys run the app's ``replay_*`` actions, which move the :class:`~console.model.playback.Playback`; a live console
 hides them (``check_action``). The palette's entries run the same actions (STYLE example 10).
 """
 

@@ -37,11 +37,13 @@ class _Configurable:
     def configure(self) -> None:
         """Read ``self.params`` into attributes; called at construction and after a live change."""
 
-    def update_params(self, changes: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
-        """Validate and apply live changes; returns the previous values of the changed parameters.
+    def check_params(self, changes: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """``changes`` validated against the schema (known name, type, range, changeable live), typed as the
+        policy holds them; nothing changes. The one validation of a live change: the control plane calls this for
+        every targeted policy before any is touched, then hands the result to :meth:`apply_params`.
 
-        Raises :class:`policies.params.ParamError` (nothing changes) for an unknown name, a bad value or
-        a parameter that cannot change live.
+        Raises :class:`policies.params.ParamError` for an unknown name, a bad value or a parameter that cannot
+        change live.
         """
         from policies.params import ParamError
 
@@ -50,10 +52,20 @@ class _Configurable:
         if frozen:
             raise ParamError(f"{self.name}: {', '.join(frozen)} cannot change while running")
         merged = resolve_params(self.name, self.params_schema, {**self.params, **changes})
-        old = {n: self.params[n] for n in changes}
-        self.params = merged
+        return {n: merged[n] for n in changes}
+
+    def apply_params(self, checked: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """Apply changes that :meth:`check_params` returned (not validated again); returns the previous values of
+        the changed parameters (applying those undoes the change)."""
+        old = {n: self.params[n] for n in checked}
+        self.params = {**self.params, **checked}
         self.configure()
         return old
+
+    def update_params(self, changes: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """Validate and apply live changes (:meth:`check_params`, then :meth:`apply_params`); returns the previous
+        values of the changed parameters. On a :class:`policies.params.ParamError` nothing changes."""
+        return self.apply_params(self.check_params(changes))
 
 
 class BatchPolicy(_Configurable, abc.ABC):

@@ -60,8 +60,9 @@ def test_serve_commands_load_the_store_only_when_recording() -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "console.state", "console.queries", "console.fleet", "console.render", "console.metrics", "console.steps",
-        "console.slack", "console.stages", "console.policy_view", "console.playback",
+        "console.model.state", "console.model.queries", "console.model.fleet", "console.model.render",
+        "console.model.metrics", "console.model.steps", "console.model.slack", "console.model.stages",
+        "console.model.policy_view", "console.model.playback",
     ],
 )
 def test_console_state_model_is_plain(module: str) -> None:
@@ -91,3 +92,20 @@ def test_console_runs_the_agent_as_a_child_and_imports_no_engine(module: str) ->
 @pytest.mark.parametrize("module", ["store.replay", "store.writer", "store.cli"])
 def test_store_imports_no_ui(module: str) -> None:
     assert not loaded_after(module) & {"textual", "console"}
+
+
+def test_the_policy_tests_run_the_pure_layer_alone() -> None:
+    """``pytest tests/policies`` tests the pure layer by itself: its tests and the helpers they use import nothing
+    of agent, console or store (the node-level policy tests live in tests/agent/runtime)."""
+    import ast
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    impure = {"agent", "console", "store", "node_builders", "serve_harness", "console_fixtures", "vllm_harness"}
+    found = []
+    for path in [*sorted((tests / "policies").glob("*.py")), tests / "builders.py", tests / "conftest.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in impure]
+    assert not found, found

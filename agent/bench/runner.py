@@ -13,7 +13,8 @@ from typing import Any
 
 from agent.bench.report import ClusterStats, UnitStats, offered_rps, summarize
 from agent.engine.base import RequestOutcome, StepRecord
-from agent.engine.profiles import Profile, load_profile
+from agent.engine.profile_types import Profile
+from agent.engine.profiles import load_profile
 from agent.engine.sim import FixedCostModel, SimUnit
 from agent.engine.timing import StepTimer
 from agent.runtime.node import Node

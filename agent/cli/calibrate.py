@@ -31,7 +31,9 @@ from typing import Any, NamedTuple
 from rich.console import Console
 
 from agent.engine.calibration import CALIBRATION_WORKLOADS, HOLDOUT_WORKLOADS, derive_profile, write_profile
-from agent.engine.profiles import Profile, Records, profile_from_json, profile_to_json
+from agent.engine.profile_json import profile_from_json, profile_to_json
+from agent.engine.profile_records import Records
+from agent.engine.profile_types import Profile
 from agent.engine.step_calibration import (
     MIN_STEPS,
     CalibrationError,

@@ -3,26 +3,23 @@
 ``agent`` runs simulated units live (wall clock, ``--speed`` times real time) behind the websocket server, or
 (``--engine vllm``) vLLM engines, optionally behind an OpenAI-compatible intake (``agent.service.launch``);
 ``ctl`` sends one control request and prints the reply (exit 2 with one line on an error reply, 1 when the
-agent cannot be reached); ``record`` subscribes to agents and writes their events through
-``store.writer.StoreWriter``, resuming each agent where the store stops.
+agent cannot be reached); ``record`` subscribes to agents and writes their events to a store through
+:mod:`store.recorder` (the recorder a live console uses too), resuming each agent where the store stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib.util
 import json
 import logging
-import math
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from websockets.exceptions import WebSocketException
@@ -52,11 +49,14 @@ from agent.telemetry import (
     Status,
     StatusInfo,
 )
-from agent.telemetry.client import AgentError, TokenFileError, open_session, read_token, stream_batches
+from agent.telemetry.client import AgentError, TokenFileError, open_session, read_token
 from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec
 from policies.params import parse_assignments
+
+if TYPE_CHECKING:
+    from store.recorder import EventWriter
 
 EXIT_ERROR_REPLY = 2
 EXIT_UNREACHABLE = 1
@@ -418,25 +418,10 @@ def _params(params: dict[str, Any]) -> str:
 
 
 # -- record -------------------------------------------------------------------------------------------------
-class EventWriter(Protocol):
-    def write(self, events: Sequence[Event]) -> None: ...
-    def flush(self) -> None: ...
-    def last_seq(self, node_id: str, boot_ns: int | None = None) -> int: ...
-    def prune(self, older_than_ns: int) -> int: ...
-    def close(self) -> None: ...
-
-
 def _duration_s(text: str) -> float:
-    from store.cli import duration_s  # lazily, as the writer: the store loads only when recording
+    from store.cli import duration_s  # lazily, as the recorder: the store loads only when recording
 
     return duration_s(text)
-
-
-def _store_writer(path: Path) -> EventWriter:
-    from store.writer import StoreWriter  # lazily: the store is optional for everything else
-
-    writer: EventWriter = StoreWriter(path)
-    return writer
 
 
 def cmd_record(args: argparse.Namespace, console: object = None) -> int:
@@ -444,102 +429,35 @@ def cmd_record(args: argparse.Namespace, console: object = None) -> int:
                               install_signals=True))
 
 
-RECORD_QUEUE_FRAMES = 64
-"""Frames received and not yet handed to the writer, at most (then the readers wait: TCP slows the agents'
-senders, whose queues drop the oldest events, which the recorder fetches again)."""
-
-
 async def record(
     uris: Sequence[str], db: Path, *, flush_s: float = 1.0, writer_factory: Callable[[Path], EventWriter] | None = None,
-    stop: asyncio.Event | None = None, install_signals: bool = False, batch_size: int = 8192,
-    retention_s: float | None = None,
+    stop: asyncio.Event | None = None, install_signals: bool = False, retention_s: float | None = None,
 ) -> int:
-    """Subscribe to every agent in ``uris`` and write stream events (seq > 0) until ``stop`` (or a signal).
+    """``trackside record`` without its command line: :func:`store.recorder.record_agents` until ``stop`` (or a
+    signal), saying which node each agent is and logging the agents' notices; the exit status (2 when an agent
+    refuses the subscription)."""
+    from store.recorder import record_agents  # lazily: the store is optional for everything else
 
-    Frames go to the writer whole (up to ``batch_size`` events per ``write``, in a worker thread), committed at
-    least every ``flush_s``. Each agent is resumed where the store stops in its current run, and events the
-    agent dropped for this recorder are fetched again (duplicates are stored once). ``retention_s``: delete
-    events older than that, at the start and then every tenth of it (at most an hour apart).
-    """
     stop = stop or asyncio.Event()
     if install_signals:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    writer = (writer_factory or _store_writer)(db)
-    frames: asyncio.Queue[Sequence[Event]] = asyncio.Queue(RECORD_QUEUE_FRAMES)
-    tasks = [asyncio.create_task(_follow(uri, writer, frames)) for uri in uris]
-    last_flush = time.monotonic()
-    next_prune = last_flush if retention_s else math.inf
     try:
-        while not stop.is_set():
-            events = await _take_events(frames, batch_size, flush_s / 4)
-            if events:
-                await asyncio.to_thread(writer.write, events)
-            now = time.monotonic()
-            if now - last_flush >= flush_s:
-                await asyncio.to_thread(writer.flush)
-                last_flush = time.monotonic()
-            if retention_s and now >= next_prune:
-                await asyncio.to_thread(_prune, writer, retention_s)
-                next_prune = now + min(retention_s / 10, 3600.0)
-            failed = [t for t in tasks if t.done() and t.exception() is not None]
-            if failed:
-                raise failed[0].exception()  # type: ignore[misc]
+        await record_agents(uris, db, stop=stop, writer_factory=writer_factory, flush_s=flush_s,
+                            retention_s=retention_s, on_hello=_print_hello, on_notice=_log_notice)
     except AgentError as exc:
         print(f"trackside record: error: {exc}", file=sys.stderr)
         return EXIT_ERROR_REPLY
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        rest = await _take_events(frames, math.inf, 0.0)
-        if rest:
-            writer.write(rest)
-        writer.flush()
-        writer.close()
     return 0
 
 
-async def _follow(uri: str, writer: EventWriter, frames: asyncio.Queue[Sequence[Event]]) -> None:
-    """Queue one agent's stream, a frame at a time, for the writer: its hellos and its stream events (notices
-    are logged, not stored)."""
-
-    def resume_from(hello: NodeHello) -> int:
-        # Sequence numbers restart with every agent run: resume within the run this hello announces.
-        return writer.last_seq(hello.node_id, hello.boot_ns)
-
-    async for events in stream_batches(uri, resume_after_seq=resume_from, refetch_dropped=True):
-        first = events[0]
-        if isinstance(first, NodeHello):
-            print(f"trackside record: {uri}: node {first.node_id}", file=sys.stderr)
-            await frames.put(events)  # the store starts (or continues) this run's rows at its hello
-            continue
-        stored = [e for e in events if e.seq]
-        if len(stored) < len(events):
-            for notice in events:
-                if not notice.seq:
-                    log.warning("%s: %s", uri, getattr(notice, "message", notice))
-        if stored:
-            await frames.put(stored)
+def _print_hello(uri: str, hello: NodeHello) -> None:
+    print(f"trackside record: {uri}: node {hello.node_id}", file=sys.stderr)
 
 
-async def _take_events(frames: asyncio.Queue[Sequence[Event]], limit: float, timeout_s: float) -> list[Event]:
-    """The events of the queued frames, whole frames until ``limit`` events or more; waits at most
-    ``timeout_s`` for a first frame."""
-    events: list[Event] = []
-    if frames.empty() and timeout_s > 0:
-        with contextlib.suppress(TimeoutError):
-            events.extend(await asyncio.wait_for(frames.get(), timeout_s))
-    while len(events) < limit and not frames.empty():
-        events.extend(frames.get_nowait())
-    return events
-
-
-def _prune(writer: EventWriter, retention_s: float) -> None:
-    cutoff_ns = time.time_ns() - round(retention_s * 1e9)
-    num = writer.prune(cutoff_ns)
-    log.info("pruned %d rows older than %s s", num, retention_s)
+def _log_notice(uri: str, notice: Event) -> None:
+    log.warning("%s: %s", uri, getattr(notice, "message", notice))
 
 
 SERVE_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {

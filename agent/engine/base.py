@@ -32,10 +32,14 @@ class SubmittedRequest:
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One step of one unit: its composition, timing, KV state and the policy's reasons."""
+    """One step of one unit: its composition, timing, KV state and the policy's reasons.
+
+    Fields are named as in the ``step`` event (``StepEvent``), but for the times: node seconds here
+    (``start_s``, ``duration_s``, ``predicted_s``), ns on the wire (``docs/records.md`` maps every field)."""
 
     unit_id: int
-    step_index: int
+    step_id: int
+    """The unit's step counter."""
     start_s: float
     duration_s: float
     predicted_s: float
@@ -47,7 +51,8 @@ class StepRecord:
     num_prefill_reqs: int
     num_decode_reqs: int
     context_tokens: int
-    token_budget: int
+    budget_tokens: int
+    """The plan's token budget."""
     kv_used_blocks: int
     num_blocks: int
     num_running: int
@@ -193,7 +198,8 @@ class Engine(Protocol):
     def set_policy(self, policy: BatchPolicy) -> None: ...
 
     def set_policy_params(self, changes: Mapping[str, ParamValue]) -> None:
-        """Change live parameters of the batch policy (validated by the caller); they apply at the next step."""
+        """Change live parameters of the batch policy, as ``BatchPolicy.check_params`` returned them (not checked
+        again); they apply at the next step."""
         ...
 
     @property

@@ -200,8 +200,9 @@ class SimUnit:
         self.policy = policy
 
     def set_policy_params(self, changes: Mapping[str, ParamValue]) -> None:
-        """Change live parameters of the batch policy (validated by the caller); they apply at the next step."""
-        self.policy.update_params(changes)
+        """Change live parameters of the batch policy (checked by the caller: ``BatchPolicy.check_params``); they
+        apply at the next step."""
+        self.policy.apply_params(changes)
 
     # -- state ----------------------------------------------------------------------------------------
     @property
@@ -517,7 +518,7 @@ class SimUnit:
         self.num_steps += 1
         record = StepRecord(
             unit_id=self.unit_id,
-            step_index=self.step_index,
+            step_id=self.step_index,
             start_s=start_s,
             duration_s=measured,
             predicted_s=predicted,
@@ -528,7 +529,7 @@ class SimUnit:
             num_prefill_reqs=pre_reqs,
             num_decode_reqs=dec_reqs,
             context_tokens=ctx,
-            token_budget=plan.token_budget,
+            budget_tokens=plan.token_budget,
             kv_used_blocks=self.num_blocks - self.free_blocks,
             num_blocks=self.num_blocks,
             num_running=len(self.running),

@@ -7,7 +7,7 @@ store has what the fit needs: prefill and decode tokens and requests, context to
 as the probe's ``ctx``), the measured duration (``measured_ns``) and the KV blocks in use out of the
 unit's ``num_blocks``.
 
-Derivation (the probe's, :func:`agent.engine.calibration.fit_profile`, with three differences):
+Derivation (the probe's, :func:`agent.engine.profile_fit.fit_profile`, with three differences):
 
 1. **Split.** With at least :data:`HOLDOUT_MIN_STEPS` steps, a random ``holdout_fraction`` of them (fixed
    seed) is held out: never fitted, only evaluated (tag ``holdout`` in the records, ``calibration`` for the
@@ -27,7 +27,7 @@ Derivation (the probe's, :func:`agent.engine.calibration.fit_profile`, with thre
    block size, which the store does not record.
 
 There is no ``schedule()`` time in the store, so ``kappa`` is fitted on raw step times
-(:func:`agent.engine.calibration.fit_interference_kappa` with ``schedule_s=None``).
+(:func:`agent.engine.profile_fit.fit_interference_kappa` with ``schedule_s=None``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from agent.engine.calibration import ctx_over_kv, fit_profile, format_records
-from agent.engine.profiles import RECORD_DTYPE, KvCapacityEvidence, Profile, ProfileSource, Records, parse_records
+from agent.engine.profile_fit import ctx_over_kv, fit_profile
+from agent.engine.profile_records import RECORD_DTYPE, Records, format_records, parse_records
+from agent.engine.profile_types import KvCapacityEvidence, Profile, ProfileSource
 
 MIN_STEPS = 30
 """Fewest usable steps to fit a profile from (three coefficients, a noise level and ``kappa``)."""

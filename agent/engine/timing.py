@@ -24,7 +24,7 @@ Seed 002 (exclusive batching) fits the kernel time of a fixed-size batch as a qu
 excess over the line between the pure-prefill and pure-decode costs is proportional to ``rho * (1 - rho)``;
 our linear model is that line (it is linear in ``rho`` at fixed ``new_tokens``), so the factor is the
 paper's shape, applied multiplicatively. ``kappa`` is fitted per profile by
-:func:`agent.engine.calibration.fit_interference_kappa` (see there for the data and for what it absorbs).
+:func:`agent.engine.profile_fit.fit_interference_kappa` (see there for the data and for what it absorbs).
 :func:`marginal_cost_crossover` and :func:`kappa_for_crossover` translate between ``kappa`` and the paper's
 observable: the decode share above which a mixed step's per-token marginal cost exceeds pure decode's.
 """

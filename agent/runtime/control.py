@@ -2,9 +2,10 @@
 
 The hot-swap contract (POLICIES.md section 5):
 
-* **Validate first.** A new policy is built (name and every parameter checked) for every targeted unit
+* **Validate first, once.** A new policy is built (name and every parameter checked) for every targeted unit
   before any unit changes; a parameter change is checked against every targeted policy's schema (known
-  name, type, range, ``live``) before any is applied. On any failure nothing changes and the last good
+  name, type, range, ``live``: :meth:`~policies.base.BatchPolicy.check_params`) before any is applied, and the
+  units apply the checked values without checking them again. On any failure nothing changes and the last good
   configuration stays.
 * **Between two steps.** The caller runs these methods in the loop that drives :meth:`Node.advance`, so no
   step is being planned; a unit's in-flight step finishes under the plan it was given and its next step
@@ -30,7 +31,7 @@ from typing import Any
 
 from agent.runtime.port import ServedNode
 from policies.base import BatchPolicy
-from policies.params import ParamError, ParamValue, resolve_params
+from policies.params import ParamError, ParamValue
 from policies.registry import UnknownPolicyError, make_batch_policy, make_dispatch_policy
 
 
@@ -148,22 +149,18 @@ class NodeControl:
                 raise ControlError("bad_target", f"target must be batch or dispatch, not {target!r}")
             if not changes:
                 raise ControlError("no_change", "no parameters given")
-            # Validate against every policy before touching any: all change, or none does.
-            for policy in policies:
-                schema = {spec.name: spec for spec in policy.params_schema}
-                frozen = [n for n in changes if n in schema and not schema[n].live]
-                if frozen:
-                    raise ParamError(f"{policy.name}: {', '.join(frozen)} cannot change while running")
-                resolve_params(policy.name, policy.params_schema, {**policy.params, **changes})
+            # Validate once, against every policy before touching any: all change, or none does.
+            checked = [policy.check_params(changes) for policy in policies]
         except (ParamError, ControlError) as exc:
             return self._record("set_params", who, units or (), {}, changes, exc)
         keys = [str(uid) for uid in unit_ids] if unit_ids else ["dispatch"]
         old = {key: {n: p.params[n] for n in changes} for key, p in zip(keys, policies, strict=True)}
         if not dry_run:
             if target == "dispatch":
-                self.node.dispatcher.update_params(changes)
-            for index in indexes:
-                self.node.units[index].set_policy_params(changes)
+                self.node.dispatcher.apply_params(checked[0])
+            else:
+                for index, values in zip(indexes, checked, strict=True):
+                    self.node.units[index].set_policy_params(values)
         return self._record("set_params", who, unit_ids, old, changes, None, dry_run)
 
     def set_unit_mode(self, unit_id: int, mode: str, *, who: str = "unknown") -> AuditRecord:

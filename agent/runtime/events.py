@@ -1,6 +1,7 @@
 """The node's in-process records as telemetry events: steps, request outcomes, loads, moves, slack samples and
 policy schemas, with node time (seconds since the run's start) mapped to wall-clock nanoseconds by a
 :class:`NodeOrigin`. The hub calls these; the protocol itself (``agent.telemetry``) knows no engine record.
+``docs/records.md`` maps each record's fields to the event's, with their units.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def step_event(record: StepRecord, origin: NodeOrigin) -> StepEvent:
         node_id=origin.node_id,
         time_ns=origin.ns(record.start_s),
         unit_id=record.unit_id,
-        step_id=record.step_index,
+        step_id=record.step_id,
         measured_ns=_ns(record.duration_s),
         predicted_ns=_ns(record.predicted_s),
         mode=record.mode,
@@ -95,7 +96,7 @@ def step_event(record: StepRecord, origin: NodeOrigin) -> StepEvent:
         num_prefill_reqs=record.num_prefill_reqs,
         num_decode_reqs=record.num_decode_reqs,
         context_tokens=record.context_tokens,
-        budget_tokens=record.token_budget,
+        budget_tokens=record.budget_tokens,
         kv_used_blocks=record.kv_used_blocks,
         num_blocks=record.num_blocks,
         num_running=record.num_running,
@@ -150,13 +151,13 @@ def unit_load_event(load: UnitLoad, origin: NodeOrigin, now_s: float, dispatch_i
 def request_preempted(record: StepRecord, request_id: str, origin: NodeOrigin) -> RequestPreempted:
     """``request_id`` lost its KV in the step ``record``, when the step was planned (its start)."""
     return RequestPreempted(node_id=origin.node_id, time_ns=origin.ns(record.start_s), request_id=request_id,
-                            unit_id=record.unit_id, step_id=record.step_index)
+                            unit_id=record.unit_id, step_id=record.step_id)
 
 
 def request_migrated(move: MigrationRecord, origin: NodeOrigin) -> RequestMigrated:
     """A move between units (or back to the dispatcher), at its end."""
     return RequestMigrated(node_id=origin.node_id, time_ns=origin.ns(move.end_s), request_id=move.request_id,
-                           from_unit_id=move.source_unit, unit_id=move.target_unit,
+                           from_unit_id=move.from_unit_id, unit_id=move.unit_id,
                            reason=f"{move.reason}:{move.mechanism}")
 
 

@@ -259,7 +259,7 @@ class Node:
         views = [
             PendingRequest(
                 s.spec.request_id, s.spec.arrival_s, self._intake_tokens(s), s.ttft_slo_s, s.tpot_slo_s,
-                s.cycles_waited,
+                s.num_rounds_waited,
             )
             for s in (self.states[rid] for rid in self.pending)
         ]
@@ -324,7 +324,7 @@ class Node:
         for rid in placed:
             del self.pending[rid]
         for rid in self.pending:
-            self.states[rid].cycles_waited += 1
+            self.states[rid].num_rounds_waited += 1
         self._start_migrations(decision.migrations)
         if decision.next_check_s is not None and self.pending:
             t = max(decision.next_check_s, now)

@@ -58,7 +58,8 @@ class ServedUnit(Protocol):
         ...
 
     def set_policy_params(self, changes: Mapping[str, ParamValue]) -> None:
-        """Change live parameters of the batch policy (validated already), between two steps."""
+        """Change live parameters of the batch policy, as ``BatchPolicy.check_params`` returned them (not checked
+        again), between two steps."""
         ...
 
     def load(self, with_requests: bool = False) -> UnitLoad: ...

@@ -32,12 +32,14 @@ class MigrationConfig:
 
 @dataclass(frozen=True, slots=True)
 class MigrationRecord:
-    """One request moved between units (or back to the dispatcher after a fault)."""
+    """One request moved between units (or back to the dispatcher after a fault); the ``request_migrated`` event's
+    names, times in node seconds (``docs/records.md``)."""
 
     request_id: str
-    source_unit: int
-    target_unit: int | None
-    """None: the request went back to the dispatcher (its unit failed)."""
+    from_unit_id: int
+    """The unit it left."""
+    unit_id: int | None
+    """The unit it moved to; None: the request went back to the dispatcher (its unit failed)."""
     reason: str
     """The dispatcher's reason (``handover``, ``rebalance``...), ``handoff`` (disaggregated) or ``fault``."""
     mechanism: str
@@ -76,4 +78,5 @@ class RequestState:
     rejected: bool = False
     refused_by: int | None = None
     """The unit whose batch policy refused the request at admission (it is then also ``rejected``)."""
-    cycles_waited: int = 0
+    num_rounds_waited: int = 0
+    """Dispatch rounds the request was held back at the dispatcher (``PendingRequest.cycles_waited`` to policies)."""

@@ -215,7 +215,7 @@ class Hub:
         elif kind == "dispatched":
             assert state.unit_id is not None
             event = RequestDispatched(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.unit_id,
-                                      num_rounds_waited=state.cycles_waited)
+                                      num_rounds_waited=state.num_rounds_waited)
         elif kind == "refused":
             if state.refused_by is not None:
                 policy = self.node.units[self.node.unit_index(state.refused_by)].policy.name

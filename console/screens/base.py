@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+from textual.app import SystemCommand
 from textual.screen import Screen
 
-from console.render import cycled
-from console.state import ConsoleState
+from console.model.render import cycled
+from console.model.state import ConsoleState
 
 
 class StateScreen(Screen[None]):
@@ -18,6 +21,11 @@ class StateScreen(Screen[None]):
     def show_state(self, state: ConsoleState) -> None:
         """Draw ``state`` (called by the app; never from a worker)."""
         raise NotImplementedError
+
+    def system_commands(self) -> Iterator[SystemCommand]:
+        """The command palette's entries for this screen (the app lists them after its own): the same actions as
+        the screen's keys, when they can run. None by default."""
+        yield from ()
 
 
 UnitKey = tuple[str, int]

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from functools import partial
 from typing import ClassVar
 
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.reactive import reactive
 from textual.widgets import Footer, Header, Static
 
-from console.metrics import METRIC_SPECS, HeatMetric, next_metric
-from console.queries import cell, heatmap
+from console.model.metrics import METRIC_SPECS, HeatMetric, next_metric
+from console.model.queries import cell, heatmap
+from console.model.state import ConsoleState
 from console.screens.base import StateScreen
-from console.state import ConsoleState
 from console.widgets import CellPanel, HeatmapView
 from console.widgets.heatmap import metric_title
 
@@ -119,6 +121,15 @@ class HeatmapScreen(StateScreen):
 
     def on_heatmap_view_resized(self, event: HeatmapView.Resized) -> None:
         self.redraw()
+
+    def system_commands(self) -> Iterator[SystemCommand]:
+        """The command palette's entries for this screen: one per metric (as the metric keys)."""
+        for metric, spec in METRIC_SPECS.items():
+            yield SystemCommand(
+                f"Heatmap: {spec.label}",
+                f"Show {spec.label} per unit (key {spec.key})",
+                partial(self.action_set_metric, metric.value),
+            )
 
     def action_cycle_metric(self, step: int) -> None:
         """Show the metric ``step`` places on (wrapping)."""

@@ -13,9 +13,9 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Header, Static
 
-from console.fleet import fleet_rows
+from console.model.fleet import fleet_rows
+from console.model.state import ConsoleState
 from console.screens.base import StateScreen
-from console.state import ConsoleState
 from console.widgets import AlertList, FleetTable
 
 

@@ -25,8 +25,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from agent.telemetry import ControlRequest, DrainUnit, DryRun, PauseUnit, ResumeUnit
 from console.control import ControlResult, send_control
-from console.model import NodeInfo
-from console.policy_view import (
+from console.model.policy_view import (
     PolicyChange,
     TargetRow,
     control_refusal,
@@ -37,10 +36,11 @@ from console.policy_view import (
     schemas_of,
     target_rows,
 )
+from console.model.records import NodeInfo
+from console.model.state import ConsoleState
 from console.screens.base import StateScreen
 from console.screens.confirm import ConfirmScreen
 from console.screens.policy_edit import PolicyEditScreen
-from console.state import ConsoleState
 from console.widgets.audit_log import AuditLog
 from console.widgets.policy_table import PolicyTable
 

@@ -1,5 +1,5 @@
 """The policy edit form: choose a policy for a unit (or a node's dispatcher) and type parameter values; it is
-dismissed with the :class:`~console.policy_view.PolicyChange` they describe (None: cancelled). Nothing is sent
+dismissed with the :class:`~console.model.policy_view.PolicyChange` they describe (None: cancelled). Nothing is sent
 from here: the Policies screen asks the agent for a dry run, then for confirmation, then applies."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
-from console.model import NodeInfo
-from console.policy_view import (
+from console.model.policy_view import (
     PolicyChange,
     TargetKind,
     build_change,
@@ -23,6 +22,7 @@ from console.policy_view import (
     fmt_param_value,
     schemas_of,
 )
+from console.model.records import NodeInfo
 
 
 class PolicyEditScreen(ModalScreen[PolicyChange | None]):

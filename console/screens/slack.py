@@ -12,11 +12,11 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import Footer, Header, Static
 
-from console.metrics import HeatMetric
-from console.render import fmt_age
+from console.model.metrics import HeatMetric
+from console.model.render import fmt_age
+from console.model.slack import SlackSummary, envelope, slack_summary
+from console.model.state import ConsoleState
 from console.screens.base import UnitScreen
-from console.slack import SlackSummary, envelope, slack_summary
-from console.state import ConsoleState
 from console.widgets.envelope_chart import EnvelopeChart, envelope_heading
 from console.widgets.nearest_requests import NearestRequests
 from console.widgets.slack_distribution import SlackDistribution

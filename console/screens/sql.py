@@ -18,6 +18,7 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Header, Static, TextArea
 
+from console.model.state import ConsoleState
 from console.screens.base import StateScreen
 from console.screens.confirm import PromptScreen
 from console.sql import (
@@ -30,7 +31,6 @@ from console.sql import (
     fmt_seconds,
     run_query,
 )
-from console.state import ConsoleState
 
 STARTER_QUERY: Final = (
     "SELECT node_id, unit_id, policy, count(*) AS steps,\n"

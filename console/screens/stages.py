@@ -12,11 +12,11 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import Footer, Header, Static
 
-from console.model import NodeInfo
-from console.render import cycled, fmt_age
+from console.model.records import NodeInfo
+from console.model.render import cycled, fmt_age
+from console.model.stages import migration_rates, migration_trend, stage_loads, stage_range
+from console.model.state import ConsoleState
 from console.screens.base import StateScreen
-from console.stages import migration_rates, migration_trend, stage_loads, stage_range
-from console.state import ConsoleState
 from console.widgets.boundary_history import BoundaryHistory
 from console.widgets.length_chart import LengthChart
 from console.widgets.migration_panel import MigrationPanel

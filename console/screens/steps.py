@@ -12,10 +12,10 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Static
 
 from agent.telemetry import StepEvent
-from console.render import fmt_pct
+from console.model.render import fmt_pct
+from console.model.state import ConsoleState
+from console.model.steps import MODE_GLYPHS, move_cursor, step_index, step_stats
 from console.screens.base import UnitKey, UnitScreen
-from console.state import ConsoleState
-from console.steps import MODE_GLYPHS, move_cursor, step_index, step_stats
 from console.widgets.step_detail import StepDetail
 from console.widgets.step_timeline import StepTimeline
 

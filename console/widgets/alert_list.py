@@ -8,8 +8,8 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from console.model import AlertEntry
-from console.render import fmt_clock
+from console.model.records import AlertEntry
+from console.model.render import fmt_clock
 
 
 def alert_line(entry: AlertEntry) -> str:

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from agent.telemetry import ControlAudit
-from console.policy_view import audit_line
+from console.model.policy_view import audit_line
 
 
 class AuditLog(Static):

@@ -10,8 +10,8 @@ from rich.text import Text
 from textual.widget import Widget
 
 from agent.telemetry import StageBoundaries
-from console.render import fmt_age
-from console.stages import boundary_columns, fmt_units
+from console.model.render import fmt_age
+from console.model.stages import boundary_columns, fmt_units
 from console.widgets.length_chart import LABEL_WIDTH
 from console.widgets.rows import Row, rows_text
 

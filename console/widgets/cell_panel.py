@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from console.metrics import METRIC_SPECS, METRICS, HeatMetric
-from console.model import CellInfo
-from console.render import fmt_age, fmt_clock, fmt_value
+from console.model.metrics import METRIC_SPECS, METRICS, HeatMetric
+from console.model.records import CellInfo
+from console.model.render import fmt_age, fmt_clock, fmt_value
 
 
 def cell_text(cell: CellInfo | None, metric: HeatMetric, newest_bucket: int, bucket_s: float) -> str:

@@ -9,9 +9,9 @@ from typing import ClassVar, Final
 from rich.text import Text
 from textual.widget import Widget
 
-from console.render import fmt_age, fmt_ms, fmt_si
-from console.slack import Envelope, envelope_columns
-from console.steps import level_row
+from console.model.render import fmt_age, fmt_ms, fmt_si
+from console.model.slack import Envelope, envelope_columns
+from console.model.steps import level_row
 from console.widgets.rows import Row, rows_text
 
 LABEL_WIDTH: Final = 7

@@ -1,4 +1,4 @@
-"""The Overview's table of nodes and units (a ``DataTable`` fed with :class:`~console.fleet.FleetRow`\\ s)."""
+"""The Overview's table of nodes and units (a ``DataTable`` fed with :class:`~console.model.fleet.FleetRow`\\ s)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
-from console.fleet import COLUMNS, FleetRow
+from console.model.fleet import COLUMNS, FleetRow
 
 
 class FleetTable(DataTable[Text]):

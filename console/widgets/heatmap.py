@@ -1,6 +1,6 @@
 """The DP load heatmap: units (rows, grouped by node) by time buckets (columns), a cursor, policy markers, a legend.
 
-The widget draws a :class:`~console.model.HeatmapGrid` that its screen computes for the rows and columns it can
+The widget draws a :class:`~console.model.records.HeatmapGrid` that its screen computes for the rows and columns it can
 show (attributes down); moving the cursor posts :class:`HeatmapView.CursorMoved` (messages up) and the screen
 answers with a new grid. Colours blend the component classes ``heatmap--low``, ``heatmap--mid`` and
 ``heatmap--high`` (theme variables in ``console.tcss``) over :data:`LEVELS` levels.
@@ -23,9 +23,9 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from console.metrics import METRIC_SPECS, HeatMetric
-from console.model import HeatmapGrid
-from console.render import fmt_value, gradient_stop, scale_level, scale_range, time_axis
+from console.model.metrics import METRIC_SPECS, HeatMetric
+from console.model.records import HeatmapGrid
+from console.model.render import fmt_value, gradient_stop, scale_level, scale_range, time_axis
 
 LEVELS: Final = 10
 """Colour levels of the scale."""

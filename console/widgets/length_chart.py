@@ -11,7 +11,7 @@ from typing import ClassVar, Final
 from rich.text import Text
 from textual.widget import Widget
 
-from console.stages import boundary_columns, column_low, fmt_tokens, length_histogram, log_column, stage_of
+from console.model.stages import boundary_columns, column_low, fmt_tokens, length_histogram, log_column, stage_of
 from console.widgets.rows import Row, rows_text
 
 LABEL_WIDTH: Final = 7

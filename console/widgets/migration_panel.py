@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from textual.widgets import Static
 
-from console.render import fmt_si, sparkline
+from console.model.render import fmt_si, sparkline
 from console.widgets.rows import Row, rows_text
 
 REASON_WIDTH = 17

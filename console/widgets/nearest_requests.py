@@ -9,8 +9,8 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widget import Widget
 
-from console.render import fmt_si
-from console.slack import SlackRow
+from console.model.render import fmt_si
+from console.model.slack import SlackRow
 from console.widgets.rows import Row, rows_text
 
 HEADER = f"{'request':<10}{'slack ms':>8}{'done':>5}{'ctx':>6}{'ahead':>7}"

@@ -8,11 +8,11 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import DataTable
 
-from console.policy_view import COLUMNS, TargetRow
+from console.model.policy_view import COLUMNS, TargetRow
 
 
 class PolicyTable(DataTable[Text]):
-    """One row per :class:`~console.policy_view.TargetRow` (component classes ``policies--node`` for dispatcher
+    """One row per :class:`~console.model.policy_view.TargetRow` (component classes ``policies--node`` for dispatcher
     rows, ``policies--held`` for a paused or draining unit's mode)."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = DataTable.COMPONENT_CLASSES | {"policies--node", "policies--held"}

@@ -8,8 +8,8 @@ from typing import ClassVar, Final
 from rich.text import Text
 from textual.widget import Widget
 
-from console.render import fmt_ms, fmt_si
-from console.slack import SlackSummary
+from console.model.render import fmt_ms, fmt_si
+from console.model.slack import SlackSummary
 from console.widgets.rows import Row, rows_text
 
 LABEL_WIDTH: Final = 12

@@ -8,8 +8,8 @@ from typing import ClassVar
 
 from textual.widgets import Static
 
-from console.render import fmt_pct, fmt_si
-from console.stages import StageLoad, fmt_units, stage_range
+from console.model.render import fmt_pct, fmt_si
+from console.model.stages import StageLoad, fmt_units, stage_range
 from console.widgets.rows import Row, rows_text
 
 HEADER = f"{'#':<3}{'lengths':<10}{'units':<8}{'run':>5}{'wait':>5}{'KV':>5}{'queued':>7}{'share':>6}"

@@ -7,8 +7,8 @@ from typing import ClassVar
 from textual.widgets import Static
 
 from agent.telemetry import StepEvent
-from console.render import fmt_age
-from console.steps import reason_lines, step_facts
+from console.model.render import fmt_age
+from console.model.steps import reason_lines, step_facts
 from console.widgets.rows import Row, rows_text
 
 FACT_WIDTH = 10

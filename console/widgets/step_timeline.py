@@ -16,8 +16,8 @@ from rich.text import Text
 from textual.widget import Widget
 
 from agent.telemetry import StepEvent
-from console.render import fmt_ms, fmt_si, sparkline
-from console.steps import MODE_GLYPHS, StepWindow, bar_rows, level_row, step_window
+from console.model.render import fmt_ms, fmt_si, sparkline
+from console.model.steps import MODE_GLYPHS, StepWindow, bar_rows, level_row, step_window
 from console.widgets.rows import Row, rows_text
 
 LABEL_WIDTH: Final = 7

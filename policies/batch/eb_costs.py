@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from policies.batch.eb_model import FloatArray, PhaseCosts
+from policies.batch.eb_model import PhaseCosts
+from policies.batch.eb_survival import FloatArray
 from policies.cost.step_model import StepCoefficients
 from policies.types import StepFeedback
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from policies.batch.eb_model import FloatArray, IntArray, phase_end_iteration, survival_integral
+from policies.batch.eb_survival import FloatArray, IntArray, phase_end_iteration, survival_integral
 
 __all__ = ["cycle_peak_demand", "kv_reserve_blocks", "memory_safe_batch_size"]
 

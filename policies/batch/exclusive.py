@@ -4,7 +4,8 @@ Every step is either decode-only or prefill-only, never mixed. With ``N`` slots 
 phase runs until ``theta * N`` slots are free; then one prefill phase refills them (chunked to the token
 budget, as many steps as it takes) and the next decode phase starts. Requests not in the current phase wait
 with their KV in place. The formulas (fluid-model throughput, its maximizer ``theta*``, the constant-hazard
-closed form, the memory-safe ``N``, the KV reserve) are derived in :mod:`policies.batch.eb_model`.
+closed form, the memory-safe ``N``, the KV reserve) are derived in :mod:`policies.batch.eb_model`
+(the survival curve in :mod:`policies.batch.eb_survival`, ``N`` and the reserve in :mod:`policies.batch.eb_memory`).
 
 What the policy does with them:
 
@@ -33,11 +34,8 @@ from policies.base import BatchPolicy
 from policies.batch.common import chunk
 from policies.batch.eb_costs import PhaseCostEstimator
 from policies.batch.eb_memory import kv_reserve_blocks, memory_safe_batch_size
-from policies.batch.eb_model import (
-    LengthWindow,
-    optimal_theta,
-    phase_end_iteration,
-)
+from policies.batch.eb_model import optimal_theta
+from policies.batch.eb_survival import LengthWindow, phase_end_iteration
 from policies.params import ParamSpec
 from policies.types import ReasonValue, RequestView, ScheduledTokens, StepFeedback, StepMode, StepPlan, UnitView
 

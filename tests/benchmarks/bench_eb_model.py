@@ -21,11 +21,11 @@ import numpy as np
 from policies.batch.eb_costs import PhaseCostEstimator
 from policies.batch.eb_memory import cycle_peak_demand, memory_safe_batch_size
 from policies.batch.eb_model import (
-    LengthWindow,
     closed_form_theta,
     eb_throughput,
     optimal_theta,
 )
+from policies.batch.eb_survival import LengthWindow
 from policies.cost.step_model import StepCoefficients
 from policies.types import StepFeedback, StepMode
 

@@ -39,10 +39,10 @@ BATCH = 512
 def records(n: int) -> list[StepRecord]:
     return [
         StepRecord(
-            unit_id=i % 8, step_index=i // 8, start_s=i * 0.003, duration_s=0.0281 + (i % 7) * 1e-4,
+            unit_id=i % 8, step_id=i // 8, start_s=i * 0.003, duration_s=0.0281 + (i % 7) * 1e-4,
             predicted_s=0.0284, mode=StepMode.MIXED, policy="fairbatching", num_prefill_tokens=1536,
             num_decode_tokens=190, num_prefill_reqs=2, num_decode_reqs=190, context_tokens=380_000 + i % 1000,
-            token_budget=2048, kv_used_blocks=24_000 + i % 500, num_blocks=32_768, num_running=192, num_waiting=7,
+            budget_tokens=2048, kv_used_blocks=24_000 + i % 500, num_blocks=32_768, num_running=192, num_waiting=7,
             num_preempted=0, num_finished=i % 3, reasons=REASONS,
         )
         for i in range(n)

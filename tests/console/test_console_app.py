@@ -22,8 +22,8 @@ from agent.telemetry import StepEvent
 from console.app import ConsoleApp
 from console.cli import main
 from console.feeds import FeedUpdate, LiveFeed, ReplayFeed
-from console.metrics import HeatMetric
-from console.model import Connection
+from console.model.metrics import HeatMetric
+from console.model.records import Connection
 from console.screens.heatmap import HeatmapScreen
 from console.screens.help import HelpScreen
 from console.screens.overview import OverviewScreen

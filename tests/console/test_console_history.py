@@ -19,7 +19,7 @@ from console.app import ConsoleApp
 from console.cli import build_parser, history_s, live_feeds
 from console.feeds import FeedUpdate
 from console.history import CARRIED_KINDS
-from console.model import Connection
+from console.model.records import Connection
 from console.recorder import ConsoleRecorder, RecordingFeed
 
 

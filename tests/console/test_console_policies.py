@@ -30,7 +30,7 @@ from agent.telemetry import (
 )
 from console.app import ConsoleApp
 from console.feeds import LiveFeed, ReplayFeed
-from console.policy_view import (
+from console.model.policy_view import (
     audit_line,
     build_change,
     control_refusal,
@@ -40,10 +40,10 @@ from console.policy_view import (
     parse_value,
     target_rows,
 )
+from console.model.state import ConsoleState
 from console.screens.confirm import ConfirmScreen
 from console.screens.policies import PoliciesScreen
 from console.screens.policy_edit import PolicyEditScreen
-from console.state import ConsoleState
 from console.widgets.audit_log import AuditLog
 from console.widgets.policy_table import PolicyTable
 
@@ -417,7 +417,7 @@ def test_diff_lines_and_audit_lines() -> None:
 
 
 def test_control_refusal_reasons() -> None:
-    from console.model import Connection
+    from console.model.records import Connection
 
     assert control_refusal(read_only=False, token="t", connection=Connection.LIVE) is None
     assert "read-only" in (control_refusal(read_only=True, token="t") or "")

@@ -16,13 +16,13 @@ from agent.telemetry import Alert, ControlAudit, Event, NodeHello
 from console.app import ConsoleApp
 from console.cli import main
 from console.feeds import ReplayFeed
-from console.fleet import fleet_rows
 from console.history import CARRIED_KINDS, read_back, rebuild_events
-from console.model import Connection
-from console.playback import MAX_SPEED, MIN_SPEED, Playback, describe, fmt_offset
+from console.model.fleet import fleet_rows
+from console.model.playback import MAX_SPEED, MIN_SPEED, Playback, describe, fmt_offset
+from console.model.records import Connection
+from console.model.state import ConsoleState
 from console.screens.heatmap import HeatmapScreen
 from console.screens.help import HelpScreen
-from console.state import ConsoleState
 from console.widgets import FleetTable, HeatmapView
 from store.replay import node_ids, recent_start, replay, time_span
 from store.schema import connect

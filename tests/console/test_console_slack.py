@@ -11,9 +11,9 @@ from serve_harness import run
 from test_console_app import replay_app, replayed, text_of
 
 from agent.telemetry import RequestArrived, RequestFinished, SlackPoint, SlackSample
+from console.model.slack import Envelope, SlackBook, envelope, envelope_columns, slack_distribution, slack_summary
+from console.model.state import ConsoleState
 from console.screens.slack import SlackScreen
-from console.slack import Envelope, SlackBook, envelope, envelope_columns, slack_distribution, slack_summary
-from console.state import ConsoleState
 from console.widgets.envelope_chart import EnvelopeChart, envelope_heading, envelope_rows
 from console.widgets.nearest_requests import NearestRequests, nearest_rows
 from console.widgets.rows import row_text

@@ -12,8 +12,7 @@ from serve_harness import run
 from test_console_app import replay_app, replayed, text_of
 
 from agent.telemetry import NodeHello, RequestArrived, RequestMigrated, StageBoundaries, UnitLoadEvent, UnitStatus
-from console.screens.stages import NO_STAGES, StagesScreen, stages_heading
-from console.stages import (
+from console.model.stages import (
     column_low,
     fmt_tokens,
     fmt_units,
@@ -25,7 +24,8 @@ from console.stages import (
     stage_of,
     stage_range,
 )
-from console.state import ConsoleState
+from console.model.state import ConsoleState
+from console.screens.stages import NO_STAGES, StagesScreen, stages_heading
 from console.widgets.boundary_history import EMPTY, BoundaryHistory, history_rows
 from console.widgets.length_chart import LengthChart, length_rows
 from console.widgets.migration_panel import MigrationPanel, migration_rows

@@ -21,11 +21,11 @@ from agent.telemetry import (
     UnitLoadEvent,
     UnitStatus,
 )
-from console.fleet import COLUMNS, fleet_rows
-from console.metrics import METRIC_SPECS, METRICS, HeatMetric, next_metric
-from console.model import Connection, UnitState
-from console.queries import cell, heatmap, markers_in, summary, trend
-from console.render import (
+from console.model.fleet import COLUMNS, fleet_rows
+from console.model.metrics import METRIC_SPECS, METRICS, HeatMetric, next_metric
+from console.model.queries import cell, heatmap, markers_in, summary, trend
+from console.model.records import Connection, UnitState
+from console.model.render import (
     bucket_index,
     fmt_age,
     fmt_si,
@@ -39,8 +39,8 @@ from console.render import (
     time_axis,
     window_buckets,
 )
-from console.series import BucketRing, FlowBucket, HeatBucket
-from console.state import ConsoleState
+from console.model.series import BucketRing, FlowBucket, HeatBucket
+from console.model.state import ConsoleState
 from console.widgets.alert_list import alert_line
 from console.widgets.cell_panel import cell_text
 from policies.types import StepMode

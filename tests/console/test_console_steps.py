@@ -12,11 +12,9 @@ from serve_harness import run
 from test_console_app import replay_app, replayed, text_of
 
 from agent.telemetry import StepEvent
-from console.render import sparkline
-from console.screens.help import HelpScreen
-from console.screens.steps import StepsScreen
-from console.state import ConsoleState
-from console.steps import (
+from console.model.render import sparkline
+from console.model.state import ConsoleState
+from console.model.steps import (
     MODE_GLYPHS,
     StepLog,
     bar_rows,
@@ -29,6 +27,8 @@ from console.steps import (
     step_stats,
     step_window,
 )
+from console.screens.help import HelpScreen
+from console.screens.steps import StepsScreen
 from console.widgets.rows import row_text
 from console.widgets.step_detail import StepDetail, detail_rows
 from console.widgets.step_timeline import StepTimeline, timeline_rows

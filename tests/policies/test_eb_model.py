@@ -13,18 +13,15 @@ from hypothesis import strategies as st
 from policies.batch.eb_costs import PhaseCostEstimator
 from policies.batch.eb_memory import cycle_peak_demand, kv_reserve_blocks, memory_safe_batch_size
 from policies.batch.eb_model import (
-    LengthWindow,
     PhaseCosts,
     cfr_ratio,
     closed_form_theta,
     crossover,
     eb_throughput,
-    linear_hazard_survival,
     mixing_advantage_per_token,
     optimal_theta,
-    phase_end_iteration,
-    survival_integral,
 )
+from policies.batch.eb_survival import LengthWindow, linear_hazard_survival, phase_end_iteration, survival_integral
 from policies.cost.step_model import StepCoefficients
 from policies.types import StepFeedback, StepMode
 

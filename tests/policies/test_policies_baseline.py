@@ -122,6 +122,22 @@ def test_live_parameter_update_keeps_old_values_on_error() -> None:
     assert policy.params["long_prefill_token_threshold"] == 64
 
 
+def test_check_params_validates_without_changing_and_apply_params_takes_the_checked_values() -> None:
+    policy = make_batch_policy("eb")
+    before = dict(policy.params)
+    checked = policy.check_params({"min_samples": "128"})
+    assert checked == {"min_samples": 128}  # typed as the policy holds it
+    assert policy.params == before  # checking changes nothing
+    with pytest.raises(ParamError, match="cannot change while running"):
+        policy.check_params({"window": 500})
+    with pytest.raises(ParamError, match="below the minimum"):
+        policy.check_params({"min_samples": 1})
+    old = policy.apply_params(checked)
+    assert old == {"min_samples": before["min_samples"]} and policy.params["min_samples"] == 128
+    policy.apply_params(old)  # applying the old values undoes the change
+    assert policy.params == before
+
+
 def test_baselines_place_decode_hand_offs_by_their_own_rule() -> None:
     from policies.types import HandoffRequest
 

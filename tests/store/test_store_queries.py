@@ -39,11 +39,11 @@ def records(n: int = 400, seed: int = 1) -> list[StepRecord]:
         unit = i % 2
         duration = rng.uniform(0.005, 0.05)
         out.append(StepRecord(
-            unit_id=unit, step_index=i // 2, start_s=clock[unit], duration_s=duration,
+            unit_id=unit, step_id=i // 2, start_s=clock[unit], duration_s=duration,
             predicted_s=duration * rng.uniform(0.8, 1.2), mode=rng.choice(list(StepMode)), policy=POLICY_OF_UNIT[unit],
             num_prefill_tokens=rng.randrange(0, 2048), num_decode_tokens=rng.randrange(0, 64),
             num_prefill_reqs=rng.randrange(0, 3), num_decode_reqs=rng.randrange(0, 64), context_tokens=1000,
-            token_budget=2048, kv_used_blocks=rng.randrange(0, 1000), num_blocks=1000, num_running=8, num_waiting=2,
+            budget_tokens=2048, kv_used_blocks=rng.randrange(0, 1000), num_blocks=1000, num_running=8, num_waiting=2,
             num_preempted=rng.randrange(0, 2), num_finished=rng.randrange(0, 3),
         ))
         clock[unit] += duration + rng.uniform(0, 0.01)

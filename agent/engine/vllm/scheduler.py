@@ -338,10 +338,11 @@ class PolicySchedulerMixin:
             tuple(finished_out), tuple(finished_prompt), len(self.running) + len(self.waiting),
         ))
         pab = self.ts_policy.admission_budget_tokens()
+        # StepRecord's fields by name (agent.engine.vllm.unit.record_from), then extras (docs/records.md).
         self.ts_sink.emit({
             "kind": "step",
             "unit_id": self.ts_unit_id,
-            "step_index": pending.index,
+            "step_id": pending.index,
             "start_s": now - measured,
             "duration_s": measured,
             "predicted_s": pending.predicted_s,
@@ -352,7 +353,7 @@ class PolicySchedulerMixin:
             "num_prefill_reqs": pre_reqs,
             "num_decode_reqs": dec_reqs,
             "context_tokens": ctx,
-            "token_budget": int(plan.token_budget),
+            "budget_tokens": int(plan.token_budget),
             "kv_used_blocks": used_blocks,
             "num_blocks": self.ts_num_blocks,
             "num_running": len(self.running),

@@ -104,12 +104,12 @@ class _Live:
 def record_from(msg: dict[str, Any]) -> StepRecord:
     """A step record from the scheduler's message (:mod:`agent.engine.vllm.scheduler`)."""
     return StepRecord(
-        unit_id=int(msg["unit_id"]), step_index=int(msg["step_index"]), start_s=float(msg["start_s"]),
+        unit_id=int(msg["unit_id"]), step_id=int(msg["step_id"]), start_s=float(msg["start_s"]),
         duration_s=float(msg["duration_s"]), predicted_s=float(msg["predicted_s"]), mode=StepMode(msg["mode"]),
         policy=str(msg["policy"]), num_prefill_tokens=int(msg["num_prefill_tokens"]),
         num_decode_tokens=int(msg["num_decode_tokens"]), num_prefill_reqs=int(msg["num_prefill_reqs"]),
         num_decode_reqs=int(msg["num_decode_reqs"]), context_tokens=int(msg["context_tokens"]),
-        token_budget=int(msg["token_budget"]), kv_used_blocks=int(msg["kv_used_blocks"]),
+        budget_tokens=int(msg["budget_tokens"]), kv_used_blocks=int(msg["kv_used_blocks"]),
         num_blocks=int(msg["num_blocks"]), num_running=int(msg["num_running"]), num_waiting=int(msg["num_waiting"]),
         num_preempted=int(msg["num_preempted"]), num_finished=int(msg["num_finished"]),
         reasons=dict(msg.get("reasons") or {}),

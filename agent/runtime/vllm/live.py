@@ -81,12 +81,11 @@ class LiveUnit:
 
     def set_policy_params(self, changes: Mapping[str, ParamValue]) -> None:
         policy = self._policy
-        old = policy.update_params(changes)
-        resolved = {name: policy.params[name] for name in changes}  # typed, as the agent's copy took them
-        mid = self.unit.send_control({"op": "set_params", "changes": resolved})
+        old = policy.apply_params(changes)  # checked by the control plane; the engine checks what it receives
+        mid = self.unit.send_control({"op": "set_params", "changes": dict(changes)})
 
         def undo() -> None:
-            policy.update_params(old)
+            policy.apply_params(old)
 
         self._node._sent.append(_Sent(self, mid, "set_params", undo))
 
@@ -303,7 +302,7 @@ class LiveVllmNode:
             return
         state.unit_id = stream.unit_id
         state.dispatched_s = self.now_s
-        state.cycles_waited = pending.cycles_waited
+        state.num_rounds_waited = pending.cycles_waited
         if self.on_request is not None:
             self.on_request("dispatched", state)
 

@@ -28,9 +28,9 @@ def _rec(unit: int, t: float, used_blocks: int, running: int, prefill: int = 0, 
     from policies.types import StepMode
 
     return StepRecord(
-        unit_id=unit, step_index=0, start_s=t - 1.0, duration_s=1.0, predicted_s=1.0, mode=StepMode.MIXED,
+        unit_id=unit, step_id=0, start_s=t - 1.0, duration_s=1.0, predicted_s=1.0, mode=StepMode.MIXED,
         policy="vllm", num_prefill_tokens=prefill, num_decode_tokens=decode, num_prefill_reqs=int(prefill > 0),
-        num_decode_reqs=decode, context_tokens=0, token_budget=100, kv_used_blocks=used_blocks, num_blocks=1000,
+        num_decode_reqs=decode, context_tokens=0, budget_tokens=100, kv_used_blocks=used_blocks, num_blocks=1000,
         num_running=running, num_waiting=0, num_preempted=0, num_finished=0,
     )
 

@@ -20,15 +20,13 @@ from agent.bench.runner import BenchConfig
 from agent.cli.calibrate import parse_when
 from agent.cli.main import main
 from agent.cli.serve import make_node
+from agent.engine.profile_records import read_records_file, select, stats_on
 from agent.engine.profiles import (
     DEFAULT_PROFILE,
     ProfileFileError,
     UnknownProfileError,
     load_profile,
     load_profile_file,
-    read_records_file,
-    select,
-    stats_on,
 )
 from agent.engine.step_calibration import MIN_STEPS, CalibrationError, StepCalibration, profile_from_steps
 from agent.service.hub import Hub

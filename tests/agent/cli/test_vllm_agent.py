@@ -43,9 +43,9 @@ from agent.telemetry import (
     UnitLoadEvent,
 )
 from agent.telemetry.client import stream
-from console.fleet import fleet_rows
-from console.queries import summary
-from console.state import ConsoleState
+from console.model.fleet import fleet_rows
+from console.model.queries import summary
+from console.model.state import ConsoleState
 
 pytestmark = pytest.mark.vllm
 

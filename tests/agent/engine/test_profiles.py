@@ -17,16 +17,15 @@ from rich.console import Console
 
 import agent.engine.profiles as profiles_module
 from agent.cli.render import profiles_table
+from agent.engine.profile_records import RECORD_DTYPE, select
 from agent.engine.profiles import (
     DEFAULT_PROFILE,
-    RECORD_DTYPE,
     NoRecordsError,
     UnknownProfileError,
     fit_report,
     list_profiles,
     load_profile,
     load_records,
-    select,
 )
 from agent.engine.timing import StepTimer
 from policies.cost.fit import fit_step_model

@@ -50,7 +50,7 @@ def test_two_units_under_a_dispatcher(async_scheduling: bool) -> None:
                 recs = res.records[u.unit_id]
                 assert recs, "step records crossed the process boundary"
                 assert {r.policy for r in recs} == {"fairbatching"}
-                assert [r.step_index for r in recs] == sorted(r.step_index for r in recs)
+                assert [r.step_id for r in recs] == sorted(r.step_id for r in recs)
                 assert sum(r.num_prefill_tokens for r in recs) >= sum(
                     o.prompt_tokens for o in res.outcomes if o.unit_id == u.unit_id)
                 # every request it took was finished: nothing resident at the end
@@ -80,7 +80,7 @@ def test_control_across_the_process_boundary() -> None:
             res = await run
             policies = [r.policy for r in res.records[0]]
             assert policies[0] == "vllm" and policies[-1] == "sarathi"
-            assert max(r.token_budget for r in res.records[0] if r.policy == "sarathi") == 128
+            assert max(r.budget_tokens for r in res.records[0] if r.policy == "sarathi") == 128
             assert all(r.num_prefill_tokens + r.num_decode_tokens <= 128
                        for r in res.records[0] if r.policy == "sarathi")
         finally:

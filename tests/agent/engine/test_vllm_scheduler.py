@@ -160,7 +160,7 @@ def test_step_records_and_control_in_memory() -> None:
     trace = drive(sched, random_stream(1, n=10, max_prompt=300, max_out=10))
     records = [r for r in sched.ts_sink.records if r["kind"] == "step"]
     assert len(records) == sum(1 for t in trace if t.scheduled)
-    assert [r["step_index"] for r in records] == list(range(1, len(records) + 1))
+    assert [r["step_id"] for r in records] == list(range(1, len(records) + 1))
     for r, t in zip(records, [t for t in trace if t.scheduled], strict=True):
         assert r["num_prefill_tokens"] + r["num_decode_tokens"] == sum(t.scheduled.values())
         assert r["num_prefill_reqs"] + r["num_decode_reqs"] == len(t.scheduled)

@@ -89,7 +89,7 @@ def test_held_requests_are_dispatched_at_the_requested_check_time() -> None:
     outcomes = [s.outcome for s in node.states.values()]
     assert all(o is not None and o.first_token_s == pytest.approx(8.5) for o in outcomes)
     assert policy.calls == [0.0, 1.0, 7.5]
-    assert all(s.cycles_waited == (2 if s.spec.arrival_s == 0.0 else 1) for s in node.states.values())
+    assert all(s.num_rounds_waited == (2 if s.spec.arrival_s == 0.0 else 1) for s in node.states.values())
 
 
 class _FirstNowRestLater(_HoldThenRelease):

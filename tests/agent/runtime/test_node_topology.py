@@ -112,7 +112,7 @@ def test_disaggregated_prefill_hands_over_with_the_kv_transfer_time() -> None:
     handoffs = {m.request_id: m for m in moves}
     assert set(handoffs) == {"r000", "r001"}
     m = handoffs["r000"]
-    assert m.reason == "handoff" and m.mechanism == "live" and m.source_unit == 0
+    assert m.reason == "handoff" and m.mechanism == "live" and m.from_unit_id == 0
     assert m.kv_tokens == 500 and m.end_s - m.start_s == pytest.approx(0.5)
     # Decode units never prefill a prompt: their steps are pure decodes (the KV came with the request).
     assert all(r.num_prefill_tokens == 0 for r in steps if r.unit_id != 0)
@@ -137,7 +137,7 @@ def test_a_migration_moves_a_running_request(mechanism: str) -> None:
     (outcome,) = done
     assert outcome.unit_id == 1 and outcome.output_tokens == 8
     (m,) = moves
-    assert (m.source_unit, m.target_unit, m.reason) == (0, 1, "rebalance")
+    assert (m.from_unit_id, m.unit_id, m.reason) == (0, 1, "rebalance")
     if mechanism == "live":
         # Asked at the step end at t=3 with 5 tokens in KV: the copy takes 0.5 s, the request decodes on
         # unit 0 meanwhile and switches at the end of unit 0's step at t=4 (its 6 tokens go along).

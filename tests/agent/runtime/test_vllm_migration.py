@@ -108,7 +108,7 @@ def test_forced_migration_keeps_the_stream_whole(async_scheduling: bool, after: 
             assert [o.request_id for o in units[1].outcomes] == ["m"]
             assert sum(r.num_prefill_tokens for r in units[1].records) >= 200 + seen.output_tokens
             assert sum(r.num_decode_tokens for r in units[1].records) < 120
-            assert [(m.request_id, m.source_unit, m.target_unit, m.reason, m.mechanism, m.kv_tokens)
+            assert [(m.request_id, m.from_unit_id, m.unit_id, m.reason, m.mechanism, m.kv_tokens)
                     for m in moves] == [("m", 0, 1, "test", "recompute", 0)]
             assert node.states == {} and node.num_finished == 1 and node.num_ended == 0
             # unit 0 freed the request's KV: a later small request there finds the cache otherwise empty

@@ -132,7 +132,7 @@ def test_preempted_events_match_the_sims_preemptions() -> None:
     assert hub is not None and node.num_finished == 8
     stream = events(hub)
     preempted = of(RequestPreempted, stream)
-    by_step = {(s.unit_id, s.step_index): s for s in steps}
+    by_step = {(s.unit_id, s.step_id): s for s in steps}
     expected = Counter({key: s.num_preempted for key, s in by_step.items() if s.num_preempted})
     assert sum(expected.values()) >= 3, "the tiny cache must force preemptions"
     assert Counter((e.unit_id, e.step_id) for e in preempted) == expected

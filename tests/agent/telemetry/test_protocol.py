@@ -150,9 +150,9 @@ ORIGIN = NodeOrigin("node-a", 1_700_000_000_000_000_000)
 
 def test_step_record_converts_with_wall_clock_times() -> None:
     record = StepRecord(
-        unit_id=3, step_index=17, start_s=2.5, duration_s=0.0125, predicted_s=0.012, mode=StepMode.DECODE,
+        unit_id=3, step_id=17, start_s=2.5, duration_s=0.0125, predicted_s=0.012, mode=StepMode.DECODE,
         policy="fairbatching", num_prefill_tokens=0, num_decode_tokens=64, num_prefill_reqs=0, num_decode_reqs=64,
-        context_tokens=90_000, token_budget=512, kv_used_blocks=6000, num_blocks=8000, num_running=64,
+        context_tokens=90_000, budget_tokens=512, kv_used_blocks=6000, num_blocks=8000, num_running=64,
         num_waiting=5, num_preempted=1, num_finished=2,
         reasons={"min_slack_ms": 3.25, "urgent": True, "n": 7, "by": "time", "r_adv": math.inf, "x": -math.inf,
                  "y": math.nan},

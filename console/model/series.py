@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
-from console.metrics import METRICS
+from console.model.metrics import METRICS
 
 
 class Resettable(Protocol):
@@ -77,7 +77,7 @@ class BucketRing(Generic[B]):
 
 
 class HeatBucket:
-    """One unit's heatmap metrics within one bucket: sum, count and maximum per metric (``console.metrics``)."""
+    """One unit's heatmap metrics within one bucket: sum, count and maximum per metric (``console.model.metrics``)."""
 
     __slots__ = ("counts", "maxes", "sums")
 

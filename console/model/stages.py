@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from agent.telemetry import RequestArrived, RequestMigrated, StageBoundaries
-from console.metrics import HeatMetric
-from console.model import NodeInfo
-from console.render import fmt_si, window_buckets
-from console.series import BucketRing
+from console.model.metrics import HeatMetric
+from console.model.records import NodeInfo
+from console.model.render import fmt_si, window_buckets
+from console.model.series import BucketRing
 
 LENGTH_AXIS: Final = (16, 131072)
 """The log length axis, in tokens: shorter lengths go in the first column, longer in the last."""

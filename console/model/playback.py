@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Literal
 
-from console.render import fmt_clock
+from console.model.render import fmt_clock
 
 MIN_SPEED: Final = 1 / 16
 MAX_SPEED: Final = 1024.0

@@ -23,9 +23,9 @@ from agent.telemetry import (
     SetParams,
     Setting,
 )
-from console.model import Connection, NodeInfo
-from console.render import fmt_clock
-from console.state import ConsoleState
+from console.model.records import Connection, NodeInfo
+from console.model.render import fmt_clock
+from console.model.state import ConsoleState
 from policies.params import ParamValue
 
 TargetKind = Literal["batch", "dispatch"]

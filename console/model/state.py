@@ -10,14 +10,14 @@ What comes from where:
 
 * units' mode, batch policy and parameters, the dispatcher's policy: the hello, then applied ``audit`` events
   (a step's ``policy`` also updates its unit's policy);
-* heatmap series (:mod:`console.metrics`): KV use, batch size and available capacity from steps and from the
+* heatmap series (:mod:`console.model.metrics`): KV use, batch size and available capacity from steps and from the
   dispatcher's ``unit_load`` snapshots; step time from steps; queued prefill tokens and PAB from ``unit_load``;
 * flow (rates, goodput, SLO attainment, TTFT/TPOT): output tokens are steps' decode tokens plus first tokens;
   requests from ``request_finished`` (and ``request_refused``, which count against attainment);
-* recent steps per unit (:mod:`console.steps`), slack samples and requests' progress (:mod:`console.slack`),
-  stage changes, arrivals' lengths and migrations (:mod:`console.stages`): the Steps, Slack and Stages screens.
+* recent steps per unit (:mod:`console.model.steps`), slack samples and requests' progress (:mod:`console.model.slack`),
+  stage changes, arrivals' lengths and migrations (:mod:`console.model.stages`): the Steps, Slack and Stages screens.
 
-Queries (summaries, trends, heatmap grids, cursor cells) are in :mod:`console.queries`, over this model.
+Queries (summaries, trends, heatmap grids, cursor cells) are in :mod:`console.model.queries`, over this model.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from agent.telemetry import (
     StepEvent,
     UnitLoadEvent,
 )
-from console.metrics import METRIC_INDEX, HeatMetric
-from console.model import (
+from console.model.metrics import METRIC_INDEX, HeatMetric
+from console.model.records import (
     MODE_STATES,
     AlertEntry,
     Connection,
@@ -52,11 +52,11 @@ from console.model import (
     UnitInfo,
     UnitState,
 )
-from console.render import bucket_index
-from console.series import BucketRing, FlowBucket, HeatBucket
-from console.slack import SlackBook
-from console.stages import StageBook
-from console.steps import StepLog
+from console.model.render import bucket_index
+from console.model.series import BucketRing, FlowBucket, HeatBucket
+from console.model.slack import SlackBook
+from console.model.stages import StageBook
+from console.model.steps import StepLog
 
 _KV: Final = METRIC_INDEX[HeatMetric.KV]
 _BATCH: Final = METRIC_INDEX[HeatMetric.BATCH]

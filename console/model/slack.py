@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agent.telemetry import RequestArrived, RequestFinished, SlackSample
-from console.render import fmt_si
+from console.model.render import fmt_si
 
 DEFAULT_TPOT_MS: Final = 50.0
 """The TPOT target assumed for a node before any of its requests said theirs."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from console.metrics import HeatMetric
-from console.model import Connection, NodeInfo, UnitState
-from console.queries import summary, trend
-from console.render import fmt_pair, fmt_pct, fmt_si, sparkline
-from console.state import ConsoleState
+from console.model.metrics import HeatMetric
+from console.model.queries import summary, trend
+from console.model.records import Connection, NodeInfo, UnitState
+from console.model.render import fmt_pair, fmt_pct, fmt_si, sparkline
+from console.model.state import ConsoleState
 
 Tone = Literal["ok", "warning", "error", "muted"]
 """How the state column is coloured (``fleet--ok`` ... component classes)."""

@@ -1,4 +1,4 @@
-"""Read-only views over a :class:`~console.state.ConsoleState`: window summaries, sparkline trends, heatmap
+"""Read-only views over a :class:`~console.model.state.ConsoleState`: window summaries, sparkline trends, heatmap
 grids and the cell under the heatmap cursor. Pure functions of the state (no Textual, no clock)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from console.metrics import METRIC_INDEX, METRICS, HeatMetric
-from console.model import CellInfo, FlowSummary, HeatmapGrid, HeatRow, NodeInfo, PolicyMarker
-from console.render import bucket_index, percentile, percentiles, window_buckets
-from console.series import BucketRing, FlowBucket
-from console.state import ConsoleState
+from console.model.metrics import METRIC_INDEX, METRICS, HeatMetric
+from console.model.records import CellInfo, FlowSummary, HeatmapGrid, HeatRow, NodeInfo, PolicyMarker
+from console.model.render import bucket_index, percentile, percentiles, window_buckets
+from console.model.series import BucketRing, FlowBucket
+from console.model.state import ConsoleState
 
 TrendKind = Literal["out_tokens", "goodput", "ttft_p99", "tpot_p99"]
 """What a trend shows per bucket: output tokens/s, SLO-meeting requests/s, or a latency p99 (ms)."""

@@ -10,8 +10,8 @@ import enum
 from dataclasses import dataclass, field
 
 from agent.telemetry import PolicySchema, StageBoundaries, UnitMode
-from console.metrics import HeatMetric
-from console.series import BucketRing, FlowBucket, HeatBucket
+from console.model.metrics import HeatMetric
+from console.model.series import BucketRing, FlowBucket, HeatBucket
 from policies.params import ParamValue
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agent.telemetry import StepEvent
-from console.render import fmt_ms, fmt_pct, fmt_si, nice_ceiling
+from console.model.render import fmt_ms, fmt_pct, fmt_si, nice_ceiling
 from policies.types import ReasonValue
 
 UnitKey = tuple[str, int]
