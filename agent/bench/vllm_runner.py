@@ -20,7 +20,8 @@ from typing import Any
 
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.unit import VllmUnit
-from agent.runtime.vllm.cluster import ClusterRequest, RequestRejected, RequestStream, VllmCluster
+from agent.runtime.vllm.cluster import VllmCluster
+from agent.runtime.vllm.requests import ClusterRequest, RequestRejected, RequestStream
 from agent.workload.prompts import prompt_ids
 from agent.workload.types import RequestSpec
 from policies.base import DispatchPolicy

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent.bench.runner import TOPOLOGIES, BenchConfig, Fault, RunResult, run_once, scale_arrivals
 from agent.cli.calibrate import CALIBRATE_COMMANDS, add_calibrate_command
+from agent.cli.node_config import NodeConfigError
 from agent.cli.render import (
     policies_json,
     policies_text,
@@ -31,7 +32,7 @@ from agent.cli.render import (
     render_runs,
     render_units,
 )
-from agent.cli.serve import HANDLED_ERRORS, SERVE_COMMANDS, add_serve_commands
+from agent.cli.serve import HANDLED_ERRORS, SERVE_COMMANDS, add_serve_commands, with_node_config
 from agent.engine.profiles import UnknownProfileError, fit_report, list_profiles, load_profile
 from agent.workload.spec import describe_presets, parse_workload
 from agent.workload.traces import load_trace
@@ -360,7 +361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list and args_list[0] in UI_COMMANDS:
         return _hand_over_to_console(args_list, replace_process=argv is None)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args_list = with_node_config(args_list)
+    except NodeConfigError as exc:
+        print(f"trackside agent: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    args = parser.parse_args(args_list)
     console = Console()
     try:
         return COMMANDS[args.command](args, console)

@@ -14,6 +14,7 @@ import asyncio
 import importlib.util
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -25,6 +26,7 @@ import msgspec
 from websockets.exceptions import WebSocketException
 
 from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
+from agent.cli.node_config import NodeConfigError, expand_node_config
 from agent.engine.profiles import load_profile
 from agent.runtime.node import Node
 from agent.service.hub import Hub
@@ -54,8 +56,10 @@ from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec
 from policies.params import parse_assignments
+from policies.registry import make_batch_policy, make_dispatch_policy
 
 if TYPE_CHECKING:
+    from agent.service.launch import VllmAgentConfig
     from store.recorder import EventWriter
 
 EXIT_ERROR_REPLY = 2
@@ -79,40 +83,12 @@ def add_serve_commands(sub: Any) -> None:
         "--serve-openai).",
         epilog="Example: trackside agent --engine vllm --model /models/Llama-3.1-8B-Instruct --units 2 "
         "--gpu-memory-utilization 0.45 --batch-policy fairbatching --dispatch sbs --serve-openai 127.0.0.1:8000. "
-        "On a CPU: trackside agent --engine vllm --fake-executor --units 2 --serve-openai 127.0.0.1:8000.",
+        "On a CPU: trackside agent --engine vllm --fake-executor --units 2 --serve-openai 127.0.0.1:8000. "
+        "An 8-GPU node, a 70B model as 2 units of TP 4: trackside agent --engine vllm --model /models/Llama-3.1-70B "
+        "--gpus 0-7 --tensor-parallel-size 4 --engine-arg kv_cache_dtype=fp8 --serve-openai 0.0.0.0:8000 --dry-run "
+        "(prints the units, their GPUs and engine arguments as JSON). Node config files: examples/nodes/.",
     )
-    agent.add_argument("--engine", choices=("sim", "vllm"), default="sim",
-                       help="sim: simulated units (default); vllm: vLLM engines (needs the vllm extra)")
-    src = agent.add_mutually_exclusive_group()
-    src.add_argument("--workload", metavar="SPEC", help="synthetic workload NAME[:key=value,...]")
-    src.add_argument("--trace", type=Path, help="trace file (Azure CSV or trackside JSONL)")
-    agent.add_argument("--units", type=int, help="DP units (default 4 simulated, 1 vLLM engine)")
-    agent.add_argument("--batch-policy", default="vllm", help="per-step batch policy (default vllm)")
-    agent.add_argument("--dispatch", default="least_loaded", help="dispatch policy (default least_loaded)")
-    agent.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                       help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy")
-    agent.add_argument("--profile",
-                       help="calibration profile (default h100-llama31-8b), or a file from `trackside calibrate`; "
-                       "for vLLM engines the policies' prior step model (default: the scheduler's)")
-    agent.add_argument("--seed", type=int, default=0, help="random seed of the synthetic workload")
-    agent.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
-    agent.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
-    agent.add_argument("--topology", choices=TOPOLOGIES, default="colocated",
-                       help="colocated (default) or disaggregated prefill and decode pools")
-    agent.add_argument("--prefill-units", type=int, help="disaggregated: units in the prefill pool (default half)")
-    agent.add_argument("--lockstep", action="store_true", help="DP+EP: all units step together")
-    agent.add_argument("--migration", choices=("live", "recompute"), default="live",
-                       help="how moved requests' KV travels (default live)")
-    agent.add_argument("--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="default 127.0.0.1:7700")
-    agent.add_argument("--token-file", type=Path, help="control token (without it, control is disabled)")
-    agent.add_argument("--speed", type=float, default=1.0, help="node seconds per real second (default 1)")
-    agent.add_argument("--node-id", default=socket.gethostname())
-    agent.add_argument("--replay-events", type=int, default=65536, help="events kept for resumes")
-    agent.add_argument("--slack-sample-ms", type=float, default=250.0, metavar="MS",
-                       help="node time between slack samples of the running requests (default 250, 0: off)")
-    agent.add_argument("--tls-cert", type=Path)
-    agent.add_argument("--tls-key", type=Path)
-    add_vllm_options(agent)
+    add_agent_arguments(agent)
 
     ctl = sub.add_parser("ctl", help="send one control request to an agent and print the reply")
     ctl.add_argument("uri", help="ws://HOST:PORT")
@@ -145,6 +121,56 @@ def add_serve_commands(sub: Any) -> None:
                      "and then every tenth of it, at most an hour apart (default: keep everything)")
 
 
+def add_agent_arguments(agent: argparse.ArgumentParser) -> None:
+    """The flags of ``trackside agent`` (every one a key of a node config file, ``agent.cli.node_config``)."""
+    agent.add_argument("--config", type=Path, metavar="FILE",
+                       help="a node config file (TOML): every flag as a key, an [engine] table of engine arguments, "
+                       "[unit.N] tables for one unit's; the command line overrides it (docs/vllm.md)")
+    agent.add_argument("--dry-run", action="store_true",
+                       help="--engine vllm: resolve the units, each unit's GPUs and engine arguments and the "
+                       "tokenizer, print them as JSON and exit (starts nothing, needs no GPU or model)")
+    agent.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                       help="sim: simulated units (default); vllm: vLLM engines (needs the vllm extra)")
+    src = agent.add_mutually_exclusive_group()
+    src.add_argument("--workload", metavar="SPEC", help="synthetic workload NAME[:key=value,...]")
+    src.add_argument("--trace", type=Path, help="trace file (Azure CSV or trackside JSONL)")
+    agent.add_argument("--units", type=int, help="DP units (default 4 simulated; vLLM engines: one per TP×PP GPUs "
+                       "of --gpus, else 1)")
+    agent.add_argument("--batch-policy", default="vllm", help="per-step batch policy (default vllm)")
+    agent.add_argument("--dispatch", default="least_loaded", help="dispatch policy (default least_loaded)")
+    agent.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                       help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy")
+    agent.add_argument("--profile",
+                       help="calibration profile (default h100-llama31-8b), or a file from `trackside calibrate`; "
+                       "for vLLM engines the policies' prior step model (default: the scheduler's)")
+    agent.add_argument("--seed", type=int, default=0, help="random seed of the synthetic workload")
+    agent.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
+    agent.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
+    agent.add_argument("--topology", choices=TOPOLOGIES, default="colocated",
+                       help="colocated (default) or disaggregated prefill and decode pools")
+    agent.add_argument("--prefill-units", type=int, help="disaggregated: units in the prefill pool (default half)")
+    agent.add_argument("--lockstep", action="store_true", help="DP+EP: all units step together")
+    agent.add_argument("--migration", choices=("live", "recompute"), default="live",
+                       help="how moved requests' KV travels (default live)")
+    agent.add_argument("--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="default 127.0.0.1:7700")
+    agent.add_argument("--token-file", type=Path, help="control token (without it, control is disabled)")
+    agent.add_argument("--speed", type=float, default=1.0, help="node seconds per real second (default 1)")
+    agent.add_argument("--node-id", default=socket.gethostname())
+    agent.add_argument("--replay-events", type=int, default=65536, help="events kept for resumes")
+    agent.add_argument("--slack-sample-ms", type=float, default=250.0, metavar="MS",
+                       help="node time between slack samples of the running requests (default 250, 0: off)")
+    agent.add_argument("--tls-cert", type=Path)
+    agent.add_argument("--tls-key", type=Path)
+    add_vllm_options(agent)
+
+
+def agent_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``trackside agent``'s flags on a parser of their own (no ``--help``): what a node config file may say."""
+    parser = parser_class(prog="trackside agent", add_help=False)
+    add_agent_arguments(parser)
+    return parser
+
+
 def add_vllm_options(agent: Any) -> None:
     """The ``--engine vllm`` options of ``trackside agent``."""
     v = agent.add_argument_group("vLLM engines (--engine vllm)")
@@ -155,10 +181,27 @@ def add_vllm_options(agent: Any) -> None:
     v.add_argument("--serve-openai", metavar="HOST:PORT",
                    help="serve the OpenAI completions API there (HOST defaults to 127.0.0.1; port 0: any free one)")
     v.add_argument("--served-model-name", help="the model id OpenAI clients name (default: --model)")
+    v.add_argument("--no-restart", action="store_true",
+                   help="leave a unit whose engine died failed (default: restart it, after 1 s doubling to 60 s)")
     v.add_argument("--tokenizer", action="store_true",
                    help="load the model's tokenizer: text prompts and text back (default: token ids only)")
+    v.add_argument("--gpus", metavar="all|0-7|0,2,4",
+                   help="the GPUs the units run on (CUDA's numbers; positions in CUDA_VISIBLE_DEVICES when set), "
+                   "cut in order into groups of TP×PP GPUs, one unit each by default: 8 GPUs at TP 4 make 2 units "
+                   "on 0-3 and 4-7; each unit's engine gets its own (vLLM's device_ids). Default: vLLM's default "
+                   "device, shared by every unit")
+    v.add_argument("--tensor-parallel-size", type=int, metavar="N",
+                   help="GPUs per pipeline stage of a unit (default 1)")
+    v.add_argument("--pipeline-parallel-size", type=int, metavar="N",
+                   help="pipeline stages of a unit (default 1): a unit takes TP×PP GPUs")
     v.add_argument("--gpu-memory-utilization", type=float, metavar="SHARE",
-                   help="GPU memory share of each unit (default 0.9 divided by --units)")
+                   help="GPU memory share of each unit (default 0.9 on GPUs of its own; without --gpus 0.9 divided "
+                   "by --units). More units than GPU groups share them only with it given, at most 1 per GPU")
+    v.add_argument("--engine-arg", action="append", metavar="[UNIT:]KEY=VALUE",
+                   help="any vLLM engine argument (a field of AsyncEngineArgs, typed and checked by vLLM's own "
+                   "parser), repeatable: kv_cache_dtype=fp8, quantization=fp8, enable_prefix_caching=false, "
+                   "dtype=bfloat16, trust_remote_code=true; UNIT: for one unit only (1:max_num_seqs=128). "
+                   "Fields with a flag of their own take the flag")
     v.add_argument("--max-num-batched-tokens", type=int, help="largest step in tokens (default 8192; fake 2048)")
     v.add_argument("--max-num-seqs", type=int, help="running requests per unit at most (default 512; fake 64)")
     v.add_argument("--max-model-len", type=int,
@@ -185,7 +228,8 @@ def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
 
 
 VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
-             "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager")
+             "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager", "gpus",
+             "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "no_restart")
 SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "migration": "live", "speed": 1.0}
 
 
@@ -252,9 +296,12 @@ async def _serve(hub: Hub, node: Node, host: str, port: int, speed: float, tls: 
 
 
 def cmd_agent_vllm(args: argparse.Namespace) -> int:
-    """``trackside agent --engine vllm``: check what can be checked before any engine starts, then run."""
+    """``trackside agent --engine vllm``: check what can be checked and resolve every unit before any engine starts
+    (``--dry-run``: print that and stop), then run."""
     if importlib.util.find_spec("vllm") is None:
         raise ServeError("--engine vllm needs vLLM: pip install -e '.[vllm]' (vLLM 0.26.0 and torch 2.11.0)")
+    if args.dry_run:  # stdout is the plan's JSON: vLLM logs to stderr (read when vLLM is first imported)
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     for name, default in SIM_ONLY.items():
         if getattr(args, name) != default:
             raise ServeError(f"--{name.replace('_', '-')} applies to simulated units (--engine sim)")
@@ -265,12 +312,20 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
     if not args.fake_executor and not args.model:
         raise ServeError("--engine vllm needs --model DIR (a model folder; with --load-format dummy its config.json "
                          "is enough) or --fake-executor (CPU, no model)")
-    model_len = 4096 if args.fake_executor else min(16384, model_max_len(args.model) or 16384)
-    units = 1 if args.units is None else args.units
-    share = args.gpu_memory_utilization if args.gpu_memory_utilization is not None else round(0.9 / units, 3)
-    if not 0 < share <= 1:
+    warnings: list[str] = []
+    model_len = None
+    if not args.fake_executor:
+        try:
+            model_len = model_max_len(args.model)
+        except ServeError as exc:
+            if not args.dry_run:
+                raise
+            warnings.append(str(exc))  # a dry run loads nothing: the model may live on another machine
+    share = args.gpu_memory_utilization
+    if share is not None and not 0 < share <= 1:
         raise ServeError("--gpu-memory-utilization is each unit's share of the GPU memory: in (0, 1]")
-    for flag in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+    for flag in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size",
+                 "pipeline_parallel_size"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ServeError(f"--{flag.replace('_', '-')} must be >= 1")
     host, port = parse_listen(args.listen)
@@ -289,23 +344,37 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         c = load_profile(args.profile).coefficients
         coefficients = (c.a_s, c.b_s, c.c_s)
 
-    from agent.engine.vllm.unit import EngineOptions
+    from agent.engine.vllm.placement import visible_gpu_count
+    from agent.engine.vllm.plan import NodeRequest, PlanError, plan_json, resolve
     from agent.service.launch import AgentStartError, VllmAgentConfig, run_agent
 
-    fake = args.fake_executor
-    options = EngineOptions(
-        model=args.model or "tiny-llama-fake", load_format=args.load_format, gpu_memory_utilization=share,
-        max_num_batched_tokens=args.max_num_batched_tokens or (2048 if fake else 8192),
-        max_num_seqs=args.max_num_seqs or (64 if fake else 512), max_model_len=args.max_model_len or model_len,
-        enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
-        extra={"skip_tokenizer_init": False} if args.tokenizer else {},
+    request = NodeRequest(
+        model=args.model, fake_executor=args.fake_executor, units=args.units, gpus=args.gpus,
+        tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
+        gpu_memory_utilization=share, load_format=args.load_format,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, model_max_len=model_len, enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling, tokenizer=args.tokenizer, engine_args=tuple(args.engine_arg or ()),
     )
+    try:
+        plan = resolve(request)
+    except PlanError as exc:
+        raise ServeError(str(exc)) from None
     config = VllmAgentConfig(
-        units=units, batch_policy=args.batch_policy, batch_params=batch_params, dispatch=args.dispatch,
-        dispatch_params=dispatch_params, engine=options, fake_executor=fake, coefficients=coefficients,
+        units=len(plan.units), batch_policy=args.batch_policy, batch_params=batch_params, dispatch=args.dispatch,
+        dispatch_params=dispatch_params, engine=plan.units[0].engine, unit_engines=plan.engines,
+        placements=plan.placements, fake_executor=args.fake_executor, coefficients=coefficients,
         ttft_slo_s=args.slo_ttft_ms / 1e3, tpot_slo_s=args.slo_tpot_ms / 1e3, serve_openai=serve,
-        served_model_name=args.served_model_name, requests=requests, seed=args.seed,
+        served_model_name=args.served_model_name, requests=requests, seed=args.seed, restart=not args.no_restart,
     )
+    if args.dry_run:
+        print(json.dumps(dry_run_document(args, plan_json(plan, config.fake_num_blocks), config, warnings), indent=2))
+        return 0
+    if plan.gpu_ids:
+        visible = visible_gpu_count()
+        if visible and max(plan.gpu_ids) >= visible:
+            raise ServeError(f"--gpus {args.gpus}: GPU {max(plan.gpu_ids)} is not visible here ({visible} GPUs: "
+                             f"0 to {visible - 1})")
     tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
     if not token:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
@@ -316,6 +385,26 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         raise ServeError(str(exc)) from None
     except OSError as exc:  # a port is taken, an address is not ours
         raise ServeError(f"cannot listen: {exc.strerror or exc}") from None
+
+
+def dry_run_document(args: argparse.Namespace, plan: dict[str, Any], config: VllmAgentConfig,
+                     warnings: Sequence[str]) -> dict[str, Any]:
+    """What ``--dry-run`` prints: the node as it would start (``plan``: the units, ``agent.engine.vllm.plan``), its
+    policies built and checked as a start builds them first."""
+    batch = make_batch_policy(config.batch_policy, dict(config.batch_params))
+    dispatcher = make_dispatch_policy(config.dispatch, dict(config.dispatch_params))
+    serve = config.serve_openai
+    return {
+        "node_id": args.node_id, "engine": "vllm", "model": config.engine.model,
+        "served_model_name": config.model_name, **plan, "warnings": [*warnings, *plan["warnings"]],
+        "batch_policy": batch.name, "batch_params": dict(batch.params), "dispatch": dispatcher.name,
+        "dispatch_params": dict(dispatcher.params), "profile": args.profile, "slo_ttft_ms": args.slo_ttft_ms,
+        "slo_tpot_ms": args.slo_tpot_ms, "listen": "{}:{}".format(*parse_listen(args.listen)),
+        "serve_openai": f"{serve[0]}:{serve[1]}" if serve else None,
+        "workload": {"trace": str(args.trace) if args.trace else None, "workload": args.workload,
+                     "num_requests": len(config.requests)} if config.requests else None,
+        "control": args.token_file is not None, "config": str(args.config) if args.config else None,
+    }
 
 
 def model_max_len(model: str) -> int | None:
@@ -467,6 +556,15 @@ HANDLED_ERRORS: tuple[type[Exception], ...] = (ServeError, AgentError, TokenFile
 """Errors the ``trackside`` main prints as one line with exit status 2 (besides its own)."""
 
 
+def with_node_config(argv: Sequence[str] | None) -> list[str]:
+    """The command line (``sys.argv[1:]`` for None) with a ``trackside agent --config FILE``'s settings put before
+    the agent's own arguments (:mod:`agent.cli.node_config`); raises :class:`NodeConfigError`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "agent":
+        return args
+    return ["agent", *expand_node_config(args[1:], agent_parser)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """These three commands alone (``python -m agent.cli.serve``), with ``trackside``'s error handling."""
     from agent.engine.profiles import UnknownProfileError
@@ -479,6 +577,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser = argparse.ArgumentParser(prog="trackside")
     add_serve_commands(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    try:
+        argv = with_node_config(argv)
+    except NodeConfigError as exc:
+        print(f"trackside agent: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

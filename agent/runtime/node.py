@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from agent.engine.base import Engine, Migrant, RequestOutcome, StepRecord, SubmittedRequest
 from agent.runtime.clock import Clock, VirtualClock
@@ -40,6 +40,7 @@ from agent.runtime.records import (
     PreemptHook,
     RequestEventKind,
     RequestState,
+    Transfer,
 )
 from agent.workload.types import RequestSpec
 from policies.base import DispatchPolicy
@@ -57,19 +58,6 @@ _ALL = -1
 
 UNIT_MODES = ("active", "draining", "paused", "failed")
 
-
-@dataclass(slots=True)
-class _Transfer:
-    """A move under way: ``copying`` the KV off a source, or ``in_flight`` (detached, not yet placed)."""
-
-    request_id: str
-    source_index: int
-    target_index: int
-    reason: str
-    start_s: float
-    migrant: Migrant | None = None
-    switch_due: bool = False
-    """The copy finished while the request was in its source's step: switch at that step's end."""
 
 class Node:
     """Units + dispatcher + arrivals. Time is seconds since the start of the run."""
@@ -104,6 +92,10 @@ class Node:
         self.migration = migration or MigrationConfig()
         self.on_migrate = on_migrate
         """Optional hook (telemetry) called when a request has moved (or went back to the dispatcher)."""
+        self.on_fault: Callable[[int, str], None] | None = None
+        """Optional hook (telemetry): ``on_fault(unit_id, reason)`` when a unit fails (:meth:`fail_unit`)."""
+        self.on_recover: Callable[[int, str], None] | None = None
+        """Optional hook (telemetry): ``on_recover(unit_id, how)`` when a failed unit is back (:meth:`recover_unit`)."""
         self.dispatcher = dispatcher
         self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
         ids = {r.request_id for r in self.arrivals}
@@ -143,7 +135,7 @@ class Node:
         self._lock_members: list[int] = []
         self._lock_seq = 0
         self._lock_start_pending = False
-        self.transfers: dict[str, _Transfer] = {}
+        self.transfers: dict[str, Transfer] = {}
         """Moves under way, by request id."""
         self._xfer_at: dict[int, str] = {}
         self._carry: dict[str, Migrant] = {}
@@ -436,6 +428,8 @@ class Node:
         migrants = self.units[index].evacuate()
         for m in migrants:
             self._requeue(m, index, "fault")
+        if self.on_fault is not None:
+            self.on_fault(unit_id, f"simulated fault ({len(migrants)} request(s) back to the dispatcher)")
         self._dispatch()
         return len(migrants)
 
@@ -445,6 +439,8 @@ class Node:
         if self.unit_modes[index] != "failed":
             raise ValueError(f"unit {unit_id} has not failed")
         self.unit_modes[index] = "active"
+        if self.on_recover is not None:
+            self.on_recover(unit_id, "recovered (simulated)")
         self._dispatch()
 
     def unit_index(self, unit_id: int) -> int:
@@ -489,7 +485,7 @@ class Node:
             ):
                 self.num_migrations_skipped += 1
                 continue
-            t = _Transfer(m.request_id, src, dst, m.reason or "rebalance", self.now_s)
+            t = Transfer(m.request_id, src, dst, m.reason or "rebalance", self.now_s)
             self.transfers[m.request_id] = t
             source = self.units[src]
             source.set_migrating(m.request_id, True)
@@ -513,7 +509,7 @@ class Node:
         else:
             self._switch(t)
 
-    def _switch(self, t: _Transfer) -> None:
+    def _switch(self, t: Transfer) -> None:
         """Take the request off its source (its copied KV goes along when ``live``) and place it; when the
         target failed meanwhile, the move is called off and the request stays where it is."""
         source = self.units[t.source_index]
@@ -528,7 +524,7 @@ class Node:
         t.migrant = migrant
         self._arrive(t)
 
-    def _arrive(self, t: _Transfer) -> None:
+    def _arrive(self, t: Transfer) -> None:
         del self.transfers[t.request_id]
         assert t.migrant is not None
         if self.unit_modes[t.target_index] == "failed":
@@ -559,7 +555,7 @@ class Node:
             target = by_id.get(unit_id) if unit_id is not None else None
             if target is None or self.units[target].role != "decode":
                 raise RuntimeError(f"dispatcher {self.dispatcher.name} gave hand-off {m.request_id} no decode unit")
-            t = _Transfer(m.request_id, index, target, "handoff", self.now_s, migrant=m)
+            t = Transfer(m.request_id, index, target, "handoff", self.now_s, migrant=m)
             self.transfers[m.request_id] = t
             self._xfer_at[self._push(self.now_s + self.migration.transfer_s(m.computed_tokens), _XFER, -1)] = (
                 m.request_id

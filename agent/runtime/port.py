@@ -30,6 +30,9 @@ from policies.types import RequestView, UnitLoad
 StepHook = Callable[[StepRecord], None]
 FinishHook = Callable[[RequestOutcome], None]
 RequestHook = Callable[[RequestEventKind, RequestState], None]
+FaultHook = Callable[[int, str], None]
+"""``on_fault(unit_id, reason)``: a unit failed (its requests went back to the dispatcher); ``on_recover(unit_id,
+how)``: a failed unit takes requests again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,8 @@ class ServedNode(Protocol):
     on_dispatch: DispatchHook | None
     on_preempt: PreemptHook | None
     on_migrate: MigrateHook | None
+    on_fault: FaultHook | None
+    on_recover: FaultHook | None
 
     @property
     def units(self) -> Sequence[ServedUnit]: ...

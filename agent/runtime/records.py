@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.base import Migrant, RequestOutcome, StepRecord
 from agent.workload.types import RequestSpec
 from policies.types import DispatchDecision, UnitLoad
 
@@ -80,3 +80,18 @@ class RequestState:
     """The unit whose batch policy refused the request at admission (it is then also ``rejected``)."""
     num_rounds_waited: int = 0
     """Dispatch rounds the request was held back at the dispatcher (``PendingRequest.cycles_waited`` to policies)."""
+
+
+@dataclass(slots=True)
+class Transfer:
+    """A move under way in the simulated node: ``copying`` the KV off a source, or ``in_flight`` (detached, not yet
+    placed)."""
+
+    request_id: str
+    source_index: int
+    target_index: int
+    reason: str
+    start_s: float
+    migrant: Migrant | None = None
+    switch_due: bool = False
+    """The copy finished while the request was in its source's step: switch at that step's end."""

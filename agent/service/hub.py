@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.vllm.placement import UnitPlacement
 from agent.runtime.control import AuditRecord, NodeControl
 from agent.runtime.events import (
     NodeOrigin,
@@ -90,6 +91,7 @@ class Hub:
         unit_load_min_interval_ms: float = 0.0,
         boot_ns: int | None = None,
         settle_timeout_s: float = 10.0,
+        placements: Mapping[int, UnitPlacement] | None = None,
     ) -> None:
         if not (slack_sample_ms >= 0 and unit_load_min_interval_ms >= 0 and slack_max_requests >= 1):
             raise ValueError("slack_sample_ms and unit_load_min_interval_ms must be >= 0, slack_max_requests >= 1")
@@ -106,6 +108,8 @@ class Hub:
         """Node time 0 is the boot; event times are boot + node time (simulated seconds at any speed)."""
         self.settle_timeout_s = settle_timeout_s
         """How long :meth:`handle_async` waits for a live node's units to acknowledge a change."""
+        self.placements = dict(placements or {})
+        """Where each vLLM unit runs (GPUs, parallel sizes), by unit id, for the units' description."""
         self.control = NodeControl(node, clock_ns=get_time_ns)
         self.sequencer = Sequencer()
         self.replay = ReplayBuffer(replay_capacity)
@@ -141,6 +145,8 @@ class Hub:
         self.node.on_dispatch = self._on_dispatch
         self.node.on_preempt = self._on_preempt
         self.node.on_migrate = self._on_migrate
+        self.node.on_fault = self._on_fault
+        self.node.on_recover = self._on_recover
 
     def _on_step(self, record: StepRecord) -> None:
         self.metrics.observe_step(record)
@@ -192,6 +198,15 @@ class Hub:
             self.publish(Alert(node_id=self.node_id, time_ns=now_ns, code=AlertCode.REQUESTS_HELD,
                                message=f"{dispatcher.name}: {len(decision.flow_control)} request(s) held past the "
                                "wait limit", num_dropped=len(decision.flow_control)))
+
+    def _on_fault(self, unit_id: int, reason: str) -> None:
+        self.publish(Alert(node_id=self.node_id, time_ns=self.origin.ns(self.node.now_s), code=AlertCode.UNIT_FAILED,
+                           severity="error", unit_id=unit_id, message=f"unit {unit_id} failed: {reason}"))
+
+    def _on_recover(self, unit_id: int, how: str) -> None:
+        self.publish(Alert(node_id=self.node_id, time_ns=self.origin.ns(self.node.now_s),
+                           code=AlertCode.UNIT_RESTARTED, severity="info", unit_id=unit_id,
+                           message=f"unit {unit_id} is back: {how}"))
 
     def _on_migrate(self, move: MigrationRecord) -> None:
         self.publish(request_migrated(move, self.origin))
@@ -286,10 +301,15 @@ class Hub:
         out = []
         for index, unit in enumerate(self.node.units):
             load = unit.load()
+            where = self.placements.get(unit.unit_id)
             out.append(UnitStatus(
                 unit_id=unit.unit_id, mode=self.node.unit_modes[index],  # type: ignore[arg-type]
                 batch_policy=unit.policy.name, batch_params=dict(unit.policy.params), num_blocks=load.num_blocks,
                 max_num_seqs=load.max_num_seqs, num_running=load.num_running, num_waiting=load.num_waiting,
+                gpu_ids=where.gpu_ids if where else (), tensor_parallel_size=where.tensor_parallel_size if where else 0,
+                pipeline_parallel_size=where.pipeline_parallel_size if where else 0,
+                engine_pid=getattr(unit, "engine_pid", None),  # vLLM units only
+                failure=getattr(unit, "failure", None) or "",
             ))
         return tuple(out)
 

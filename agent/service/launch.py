@@ -21,18 +21,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from agent.engine.vllm.config import UnitSettings
+from agent.engine.vllm.placement import UnitPlacement
+from agent.engine.vllm.plan import FAKE_MODEL
 from agent.engine.vllm.unit import EngineOptions, VllmUnit
 from agent.runtime.port import LiveNode
-from agent.runtime.vllm.cluster import VllmCluster
+from agent.runtime.vllm.cluster import VllmCluster, backoff
 from agent.runtime.vllm.live import LiveVllmNode
 from agent.service.hub import Hub
 from agent.service.server import AgentServer
 from agent.workload.types import RequestSpec
 from policies.params import ParamValue
 from policies.registry import make_batch_policy, make_dispatch_policy
-
-FAKE_MODEL = "tiny-llama-fake"
-"""The served name of the fake executor's model."""
 
 
 class AgentStartError(Exception):
@@ -50,6 +49,10 @@ class VllmAgentConfig:
     dispatch_params: Mapping[str, ParamValue]
     engine: EngineOptions
     """Every unit's engine (``gpu_memory_utilization`` is each unit's share)."""
+    unit_engines: tuple[EngineOptions, ...] = ()
+    """Each unit's engine, when the units differ (``agent.engine.vllm.plan``); empty: ``engine`` for every unit."""
+    placements: tuple[UnitPlacement, ...] = ()
+    """Each unit's GPUs and parallel sizes, for the units' description in the hello and status (empty: not said)."""
     fake_executor: bool = False
     fake_num_blocks: int = 1024
     """KV blocks of a fake-executor unit."""
@@ -62,6 +65,8 @@ class VllmAgentConfig:
     requests: Sequence[RequestSpec] = field(default_factory=tuple)
     """A workload to replay (arrival times from the start of serving)."""
     seed: int = 0
+    restart: bool = True
+    """Restart a unit whose engine died, with backoff (``agent.runtime.vllm.cluster.backoff``)."""
 
     @property
     def model_name(self) -> str:
@@ -76,17 +81,18 @@ def build_units(config: VllmAgentConfig) -> list[VllmUnit]:
     units = []
     for i in range(config.units):
         kwargs: dict[str, Any] = {}
+        engine = config.unit_engines[i] if config.unit_engines else config.engine
         if config.fake_executor:
             from agent.engine.vllm.cpu import cpu_vllm_config
             from agent.engine.vllm.fake_executor import FakeExecutor
 
-            e = config.engine
+            e = engine
             kwargs = {"vllm_config": cpu_vllm_config(
                 max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
                 max_model_len=e.max_model_len, async_scheduling=e.async_scheduling,
                 num_blocks=config.fake_num_blocks, prefix_caching=e.enable_prefix_caching,
             ), "executor_class": FakeExecutor}
-        units.append(VllmUnit(i, config.engine, settings, **kwargs))
+        units.append(VllmUnit(i, engine, settings, **kwargs))
     return units
 
 
@@ -131,12 +137,14 @@ async def run_agent(
         if len(requests) < len(config.requests):
             print(f"trackside agent: {len(config.requests) - len(requests)} requests longer than the model's "
                   f"{model_config.max_model_len} tokens left out", file=out)
-        cluster = VllmCluster(units, dispatcher, ttft_slo_s=config.ttft_slo_s, tpot_slo_s=config.tpot_slo_s)
+        cluster = VllmCluster(units, dispatcher, ttft_slo_s=config.ttft_slo_s, tpot_slo_s=config.tpot_slo_s,
+                              restart_delays=backoff if config.restart else None)
         node = LiveVllmNode(cluster, policies, requests=requests, vocab=int(model_config.get_vocab_size()),
                             seed=config.seed)
         served: LiveNode = node
         hub = Hub(served, node_id=node_id, profile=config.model_name, token=token, replay_capacity=replay_events,
-                  slack_sample_ms=slack_sample_ms, boot_ns=node.origin_ns)
+                  slack_sample_ms=slack_sample_ms, boot_ns=node.origin_ns,
+                  placements={p.unit_id: p for p in config.placements})
         async with AgentServer(hub, host=host, port=port, ssl_context=tls, gc_control=False) as server:
             print(f"trackside agent {node_id}: {server.url} ({len(units)} vLLM units of {config.model_name}, "
                   f"batch policy {config.batch_policy}, dispatch {dispatcher.name}"

@@ -37,7 +37,8 @@ from starlette.types import Receive, Scope, Send
 from agent.engine.base import RequestOutcome
 from agent.engine.vllm.sampling import TokenDelta
 from agent.engine.vllm.unit import VllmUnit, sampling_params
-from agent.runtime.vllm.cluster import ClusterRequest, RequestAborted, RequestRejected, RequestStream, VllmCluster
+from agent.runtime.vllm.cluster import VllmCluster
+from agent.runtime.vllm.requests import ClusterRequest, RequestAborted, RequestRejected, RequestStream
 from agent.service import openai_protocol as proto
 from agent.service.openai_protocol import ApiError, CompletionParams, ModelInfo
 
@@ -249,9 +250,8 @@ def build_app(cluster: VllmCluster, model: ModelInfo, tokenizer: Any = None) -> 
 
     @app.get("/health")
     async def health() -> Response:
-        dead = [u.unit_id for u in cluster.units if u.llm is None or getattr(u.llm, "errored", False)]
-        if dead:
-            return _error(ApiError(f"unit(s) {dead} not running", status=503))
+        if not cluster.num_serving:  # a failed unit is out of the dispatcher's choice: the others serve on
+            return _error(ApiError(f"no unit serves ({len(cluster.failed)} failed)", status=503))
         return Response(status_code=200)
 
     @app.exception_handler(StarletteHTTPException)

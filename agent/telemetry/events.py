@@ -82,8 +82,9 @@ class EventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", gc=
     """When it happened (wall clock, ns since the epoch)."""
 
 
-UnitMode = Literal["active", "draining", "paused"]
-"""``active`` takes new requests; ``draining`` finishes what it holds; ``paused`` runs no steps."""
+UnitMode = Literal["active", "draining", "paused", "failed"]
+"""``active`` takes new requests; ``draining`` finishes what it holds; ``paused`` runs no steps; ``failed``: its
+engine died (or a simulated fault), it takes nothing and its requests went elsewhere (a state, not a command)."""
 
 
 class UnitStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,6 +98,17 @@ class UnitStatus(msgspec.Struct, frozen=True, kw_only=True):
     max_num_seqs: int = 0
     num_running: int = 0
     num_waiting: int = 0
+    gpu_ids: tuple[int, ...] = ()
+    """The GPUs a vLLM unit's engine runs on, as the agent's machine numbers them (empty: simulated, on the CPU, or
+    not said)."""
+    tensor_parallel_size: int = 0
+    """GPUs per pipeline stage of a vLLM unit's engine (0: simulated or not said)."""
+    pipeline_parallel_size: int = 0
+    """Pipeline stages of a vLLM unit's engine (0: simulated or not said)."""
+    engine_pid: int | None = None
+    """The process id of a vLLM unit's engine core (None: simulated, or no process)."""
+    failure: str = ""
+    """Why the unit failed (``mode`` ``failed``), e.g. its engine core's exit code."""
 
 
 class ParamSchema(msgspec.Struct, frozen=True, kw_only=True):
@@ -328,6 +340,10 @@ class AlertCode(enum.StrEnum):
     SLO_BREACH = "slo_breach"
     REQUESTS_HELD = "requests_held"
     """The dispatcher held ``num_dropped`` requests past its wait limit (SBS flow control; they stay pending)."""
+    UNIT_FAILED = "unit_failed"
+    """A unit failed (``unit_id``; its engine core died): it takes no requests, its own went to other units."""
+    UNIT_RESTARTED = "unit_restarted"
+    """A failed unit (``unit_id``) runs again (a fresh engine) and takes requests."""
 
 
 class Alert(EventBase, frozen=True, kw_only=True, tag="alert"):

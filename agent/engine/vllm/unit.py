@@ -8,6 +8,13 @@ not finished) into the :class:`~policies.types.UnitLoad` a dispatcher sees.
 
 ``plain=True`` runs vLLM's own scheduler untouched (the baseline of the validation); it has no step records.
 
+**Engine failures.** vLLM notices an engine-core process that exits (its client's monitor thread waits on the
+process's sentinel and marks the engine dead; ``AsyncLLM.errored``) and fails every ``generate()`` with
+``EngineDeadError``. A unit turns that into :class:`EngineFailed` for each of its requests and reports the failure
+once (:attr:`VllmUnit.on_failed`); a light watchdog (:meth:`VllmUnit.watch`, every ``watch_interval_s``) asks
+``AsyncLLM.errored`` and the process's exit code too, so that an idle unit's death is seen as well.
+:meth:`VllmUnit.restart` starts a fresh engine in its place (built in a thread: the event loop keeps serving).
+
 What a unit keeps (:attr:`VllmUnit.records`, :attr:`VllmUnit.raw`, :attr:`VllmUnit.outcomes`) is bounded
 (:class:`~agent.engine.vllm.history.History`, ``history`` items each), so that a unit can serve for days.
 """
@@ -15,6 +22,7 @@ What a unit keeps (:attr:`VllmUnit.records`, :attr:`VllmUnit.raw`, :attr:`VllmUn
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import shutil
 import tempfile
@@ -36,10 +44,21 @@ from policies.types import RunningRequest, StepMode, UnitLoad
 
 _decode = __import__("msgspec").msgpack.Decoder().decode
 
+WATCH_INTERVAL_S = 0.1
+"""How often a unit's watchdog looks at its engine core (an engine-core death is reported within about this)."""
 HISTORY = 20_000
 """Step records, raw step messages and outcomes a unit keeps by default (each; the oldest go first)."""
 MAX_UNCLAIMED_REPLIES = 1024
 """Control replies nobody has asked for yet that a unit keeps (the oldest go first)."""
+
+
+class EngineFailed(RuntimeError):
+    """A request's unit lost its engine core (the process exited: killed, out of memory, a CUDA error)."""
+
+    def __init__(self, unit_id: int, reason: str) -> None:
+        super().__init__(f"unit {unit_id}: {reason}")
+        self.unit_id = unit_id
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +80,27 @@ class EngineOptions:
     """vLLM's own scheduler, no trackside policy (a baseline)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further ``AsyncEngineArgs`` fields."""
+
+
+def engine_kwargs(options: EngineOptions, trackside: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``vllm.AsyncEngineArgs`` fields a unit's engine starts with: ``options``, our policy scheduler (unless
+    ``plain``) and ``trackside`` (the unit's settings, ``additional_config``), then ``options.extra`` over them."""
+    from agent.engine.vllm.scheduler import SCHEDULER_PATHS
+
+    o = options
+    kwargs: dict[str, Any] = dict(
+        model=o.model, load_format=o.load_format, gpu_memory_utilization=o.gpu_memory_utilization,
+        max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
+        max_model_len=o.max_model_len, enforce_eager=o.enforce_eager, async_scheduling=o.async_scheduling,
+        enable_prefix_caching=o.enable_prefix_caching, skip_tokenizer_init=True, disable_log_stats=True,
+    )
+    if o.attention_backend:
+        kwargs["attention_backend"] = o.attention_backend
+    if not o.plain:
+        kwargs["scheduler_cls"] = SCHEDULER_PATHS[o.async_scheduling]
+        kwargs.update(trackside or {})
+    kwargs.update(o.extra)
+    return kwargs
 
 
 def sampling_params(max_tokens: int, sampling: Sampling | None = None,
@@ -134,6 +174,8 @@ class VllmUnit:
                                         "unit_id": unit_id, "step_addr": self.step_addr,
                                         "control_addr": self.control_addr})
         self._vllm_config = vllm_config
+        self._config_template = copy.deepcopy(vllm_config)
+        """A copy of ``vllm_config`` as given (vLLM changes the one it starts with): what a restart starts from."""
         self._executor_class = executor_class
         self.llm: Any = None
         self._ctx = zmq.asyncio.Context()
@@ -153,6 +195,12 @@ class VllmUnit:
         self.on_finish: Callable[[VllmUnit, RequestOutcome], None] | None = None
         self.on_first_token: Callable[[VllmUnit, str], None] | None = None
         """Called when a request's first output token has arrived (its ``first_token_s`` is set)."""
+        self.on_failed: Callable[[VllmUnit, str], None] | None = None
+        """Called once (soon after, from the event loop) when the engine core is found dead, with the reason."""
+        self.failure: str | None = None
+        """Why the engine core is dead (None while it runs)."""
+        self.watch_interval_s = WATCH_INTERVAL_S
+        self._watchdog: asyncio.Task[None] | None = None
         self.submitted_prompt_since_record = 0
         self._step_time_sum = 0.0
         self.num_blocks = 0
@@ -161,15 +209,50 @@ class VllmUnit:
     # -- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the engine (blocks until vLLM is ready: model load, KV profiling, graph capture)."""
+        self._open_steps()
+        self._build()
+        self._attach()
+
+    async def restart(self) -> None:
+        """Replace a failed (or running) engine with a fresh one; the requests the old one had are forgotten (the
+        cluster evacuated them). The new engine is built in a thread, so the event loop keeps serving meanwhile;
+        raises what vLLM raised if it does not start (the unit is then left without an engine)."""
+        for task in (self._watchdog, self._reader):
+            if task is not None:
+                task.cancel()
+        self._watchdog = self._reader = None
+        old, self.llm = self.llm, None
+        if old is not None:
+            await asyncio.to_thread(old.shutdown)
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._steps_sock is not None:
+            self._steps_sock.close()
+            self._steps_sock = None
+        self.live.clear()
+        self.last = None
+        self.submitted_prompt_since_record = 0
+        self.failure = None
+        if self._config_template is not None:
+            self._vllm_config = copy.deepcopy(self._config_template)
+        self._open_steps()
+        await asyncio.to_thread(self._build)
+        self._attach()
+
+    def _open_steps(self) -> None:
+        if not self.options.plain:
+            self._steps_sock = self._ctx.socket(zmq.PULL)
+            self._steps_sock.setsockopt(zmq.LINGER, 0)
+            self._steps_sock.bind(self.step_addr)
+
+    def _build(self) -> None:
+        """Construct the engine (vLLM starts its engine-core process and waits for it); no event loop needed."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from agent.engine.vllm.scheduler import SCHEDULER_PATHS
 
-        if not self.options.plain:
-            self._steps_sock = self._ctx.socket(zmq.PULL)
-            self._steps_sock.setsockopt(zmq.LINGER, 0)
-            self._steps_sock.bind(self.step_addr)
         preset = 0
         if self._vllm_config is not None:
             config = self._vllm_config
@@ -180,29 +263,23 @@ class VllmUnit:
             preset = int(config.cache_config.num_gpu_blocks or 0)
             self.llm = AsyncLLM(vllm_config=config, executor_class=self._executor_class, log_stats=False)
         else:
-            o = self.options
-            kwargs: dict[str, Any] = dict(
-                model=o.model, load_format=o.load_format, gpu_memory_utilization=o.gpu_memory_utilization,
-                max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
-                max_model_len=o.max_model_len, enforce_eager=o.enforce_eager, async_scheduling=o.async_scheduling,
-                enable_prefix_caching=o.enable_prefix_caching, skip_tokenizer_init=True, disable_log_stats=True,
-            )
-            if o.attention_backend:
-                kwargs["attention_backend"] = o.attention_backend
-            if not o.plain:
-                kwargs["scheduler_cls"] = SCHEDULER_PATHS[o.async_scheduling]
-                kwargs["additional_config"] = {KEY: self.settings.as_config()}
-            kwargs.update(o.extra)
-            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+            policy = {} if self.options.plain else {"additional_config": {KEY: self.settings.as_config()}}
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(self.options, policy)))
         cfg = self.llm.vllm_config
         self.block_size = int(cfg.cache_config.block_size)
         # vLLM counts usage over num_gpu_blocks - 1 (block 0 is its null block), as the scheduler reports it.
         self.num_blocks = max(1, int(cfg.cache_config.num_gpu_blocks or 1) - preset - 1)
+
+    def _attach(self) -> None:
+        """The event-loop side of a started engine: control channel, step reader, watchdog."""
         if not self.options.plain:
             self._control = ControlSender(self.control_addr)
             self._reader = asyncio.get_running_loop().create_task(self._read_steps())
+        self._watchdog = asyncio.get_running_loop().create_task(self.watch())
 
     async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self._reader is not None:
             self._reader.cancel()
         if self.llm is not None:
@@ -215,6 +292,55 @@ class VllmUnit:
         self._ctx.term()
         if self._own_ipc:
             shutil.rmtree(self._ipc, ignore_errors=True)
+
+    # -- engine failures --------------------------------------------------------------------------
+    @property
+    def engine_pid(self) -> int | None:
+        """The process id of the unit's engine core (None before :meth:`start`, or without one)."""
+        proc = self._engine_process()
+        return None if proc is None else proc.pid
+
+    def _engine_process(self) -> Any:
+        core = getattr(self.llm, "engine_core", None)
+        manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+        procs = getattr(manager, "processes", None) or ()
+        return procs[0] if procs else None
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    def check_engine(self) -> str | None:
+        """Why the engine core is dead, None while it runs: vLLM's own ``AsyncLLM.errored`` (its monitor thread
+        saw the process exit, or its output handler failed), or the process's exit code."""
+        if self.failure is not None:
+            return self.failure
+        llm = self.llm
+        if llm is None:
+            return None
+        proc = self._engine_process()
+        code = None if proc is None else proc.exitcode
+        if code is not None:
+            return f"engine core process {proc.pid} exited with code {code}"
+        if llm.errored:
+            return "vLLM reports the engine core dead"
+        return None
+
+    def _fail(self, reason: str) -> None:
+        """Record the failure once and report it from the event loop (never from inside a request's task)."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        if self.on_failed is not None:
+            asyncio.get_running_loop().call_soon(self.on_failed, self, reason)
+
+    async def watch(self) -> None:
+        """The watchdog: look at the engine core every ``watch_interval_s`` until it is found dead."""
+        while self.failure is None:
+            await asyncio.sleep(self.watch_interval_s)
+            reason = self.check_engine()
+            if reason is not None:
+                self._fail(reason)
 
     async def _read_steps(self) -> None:
         sock = self._steps_sock
@@ -308,6 +434,17 @@ class VllmUnit:
         return task
 
     async def _run(self, request_id: str, prompt_token_ids: list[int]) -> RequestOutcome:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            return await self._generate(request_id, prompt_token_ids)
+        except EngineDeadError as exc:
+            self._fail(self.check_engine() or "vLLM reports the engine core dead")
+            # Not chained: vLLM raises one EngineDeadError instance in every request, and its traceback grows
+            # with each raise (formatting it for a hundred requests took seconds).
+            raise EngineFailed(self.unit_id, self.failure or str(exc)) from None
+
+    async def _generate(self, request_id: str, prompt_token_ids: list[int]) -> RequestOutcome:
         from vllm import TokensPrompt
 
         live = self.live[request_id]

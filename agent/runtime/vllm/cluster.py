@@ -24,160 +24,48 @@ original prompt, every output token and the original first-token time. A request
 until its first token on the target; at most ``max_migrations`` are at once. A move is skipped when the request
 finished meanwhile (or has no token left to produce), is migrating already, is not on the named source, or the
 target is closed to new requests.
+
+**Engine failures**: a unit whose engine core dies (:attr:`~agent.engine.vllm.unit.VllmUnit.on_failed`) is marked
+failed (:attr:`VllmCluster.failed`): it is closed and the observer hears of it (``unit_failed``). Its
+requests are evacuated: each goes back to the front of the dispatcher's queue with the tokens it produced, and the
+unit the dispatcher places it on gets it by the same recompute path as a migration (reason ``unit_failed``), so its
+stream goes on. With no unit left to take it, a request waits at the dispatcher (or the dispatcher rejects it).
+With ``restart_delays`` (a backoff, :func:`backoff`), a failed unit is restarted after each delay in turn until a
+fresh engine starts (:meth:`~agent.engine.vllm.unit.VllmUnit.restart`); it then rejoins, empty (``unit_restarted``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.sampling import Sampling, TokenDelta
-from agent.engine.vllm.unit import VllmUnit
+from agent.engine.vllm.unit import EngineFailed, VllmUnit
+from agent.runtime.vllm.requests import (
+    ClusterObserver,
+    ClusterRequest,
+    RequestAborted,
+    RequestRejected,
+    RequestStream,
+)
 from policies.base import DispatchPolicy
-from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
+from policies.types import Migration, PendingRequest
+
+log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterRequest:
-    """A request for the cluster: a token-id prompt and how much to generate."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    max_tokens: int
-    ttft_slo_s: float | None = None
-    """None: the cluster's default."""
-    tpot_slo_s: float | None = None
-    arrival_s: float | None = None
-    """When the request reached the agent (wall clock); None: now."""
-    sampling: Sampling | None = None
-    """None: the unit's default (``ignore_eos``, no text), what workload replays use."""
-
-
-class RequestRejected(Exception):
-    """The dispatcher refused the request (it was never given to a unit)."""
-
-
-class RequestAborted(Exception):
-    """The request was aborted (:meth:`VllmCluster.abort`) before it finished."""
-
-
-_END = object()
-
-
-class RequestStream:
-    """One request's progress: iterate for its token deltas, :meth:`wait` for its outcome, :meth:`abort` to end it.
-
-    Iteration ends after the delta that carries ``finish_reason``; it raises :class:`RequestRejected` when the
-    dispatcher refused the request, :class:`RequestAborted` when someone aborted it, and the unit's exception
-    when vLLM failed it (a ``ValueError`` for a request vLLM finds invalid).
-    """
-
-    def __init__(self, request: ClusterRequest, cluster: VllmCluster, collect: bool) -> None:
-        self.request = request
-        self.request_id = request.request_id
-        self.unit_id: int | None = None
-        """The unit the request is on (the dispatcher's choice, or a migration's target); None while pending (and
-        for a rejected request)."""
-        self.output_token_ids: list[int] = []
-        """The output tokens so far (what a migration re-submits after the prompt)."""
-        self.num_migrations = 0
-        self._pending: PendingRequest | None = None
-        self.outcome: RequestOutcome | None = None
-        self.error: BaseException | None = None
-        self._cluster = cluster
-        self._queue: asyncio.Queue[TokenDelta | object] | None = asyncio.Queue() if collect else None
-        self._task: asyncio.Task[RequestOutcome] | None = None
-        self._done = asyncio.Event()
-
-    # -- consumer side ----------------------------------------------------------------------------
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> TokenDelta:
-        if self._queue is None:
-            raise RuntimeError("submitted with collect=False: no deltas to iterate")
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)  # a further __anext__ ends (or raises) again
-            if self.error is not None:
-                raise self.error
-            raise StopAsyncIteration
-        assert isinstance(item, TokenDelta)
-        return item
-
-    async def wait(self) -> RequestOutcome:
-        """The outcome once the request finished; raises what iteration would raise."""
-        await self._done.wait()
-        if self.error is not None:
-            raise self.error
-        assert self.outcome is not None
-        return self.outcome
-
-    def abort(self) -> bool:
-        """End the request wherever it is (see :meth:`VllmCluster.abort`); False if it had already finished."""
-        return self._cluster._abort(self)
-
-    # -- cluster side -----------------------------------------------------------------------------
-    def _push(self, delta: TokenDelta) -> None:
-        self.output_token_ids.extend(delta.token_ids)
-        if self._queue is not None:
-            self._queue.put_nowait(delta)
-
-    def _finish(self, outcome: RequestOutcome | None, error: BaseException | None) -> None:
-        if self._done.is_set():
-            return
-        self.outcome = outcome
-        self.error = error
-        self._done.set()
-        if self._queue is not None:
-            self._queue.put_nowait(_END)
-
-    def _on_task_done(self, task: asyncio.Task[RequestOutcome]) -> None:
-        if task.cancelled():
-            self._finish(None, RequestAborted(f"request {self.request_id} was aborted"))
-        elif (exc := task.exception()) is not None:
-            self._finish(None, exc)
-        else:
-            self._finish(task.result(), None)
-
-
-class ClusterObserver(Protocol):
-    """What happens in a cluster, as it happens (the agent's telemetry); times are the units' (wall clock)."""
-
-    def arrived(self, stream: RequestStream, pending: PendingRequest) -> None:
-        """A request reached the dispatcher's queue."""
-
-    def dispatching(self, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
-        """The dispatcher decided (called before the decision is carried out) on these loads."""
-
-    def launched(self, stream: RequestStream, pending: PendingRequest) -> None:
-        """A request went to its unit (``stream.unit_id``); ``pending`` as the dispatcher last saw it."""
-
-    def rejected(self, stream: RequestStream) -> None:
-        """The dispatcher refused a request."""
-
-    def stepped(self, unit: VllmUnit, record: StepRecord) -> None:
-        """A unit reported a step (its raw message is ``unit.last``)."""
-
-    def first_token(self, unit: VllmUnit, request_id: str) -> None: ...
-
-    def finished(self, unit: VllmUnit, outcome: RequestOutcome) -> None: ...
-
-    def ended(self, stream: RequestStream) -> None:
-        """A request ended without an outcome: aborted (pending or on its unit), or failed by its engine
-        (``stream.error``)."""
-
-    def migrated(self, stream: RequestStream, source_unit: int, target_unit: int, reason: str) -> None:
-        """A request moved by recompute (aborted on ``source_unit``, re-submitted on ``target_unit`` now)."""
+def backoff(first_s: float = 1.0, factor: float = 2.0, max_s: float = 60.0) -> Iterator[float]:
+    """Delays before each restart attempt of a failed unit: ``first_s``, then ``factor`` times longer, at most
+    ``max_s``, without end."""
+    delay = first_s
+    while True:
+        yield delay
+        delay = min(max_s, delay * factor)
 
 
 class VllmCluster:
@@ -185,7 +73,8 @@ class VllmCluster:
 
     def __init__(self, units: Sequence[VllmUnit], dispatcher: DispatchPolicy, *, ttft_slo_s: float,
                  tpot_slo_s: float, clock: Callable[[], float] = time.time, max_migrations: int = 8,
-                 rebalance_interval_s: float = 0.005) -> None:
+                 rebalance_interval_s: float = 0.005,
+                 restart_delays: Callable[[], Iterator[float]] | None = None) -> None:
         if not units:
             raise ValueError("a cluster needs at least one unit")
         self.units = list(units)
@@ -205,6 +94,14 @@ class VllmCluster:
         self.num_aborted = 0
         self.accepting: dict[int, bool] = {u.unit_id: True for u in self.units}
         """Per unit id: whether it takes new requests (the dispatcher sees the others as unhealthy)."""
+        self.failed: dict[int, str] = {}
+        """Units whose engine core died, by id, with the reason (closed until a restart brings them back)."""
+        self.num_evacuated = 0
+        self.restart_delays = restart_delays
+        """A fresh backoff (delays in seconds) for each failure: a failed unit is restarted after each delay in turn
+        until it starts; None: failed units stay failed."""
+        self.num_restarts = 0
+        self._restarts: dict[int, asyncio.Task[None]] = {}
         self.observer: ClusterObserver | None = None
         self.max_migrations = max_migrations
         """Requests migrating at once (moved, their first token on the target not yet out); further moves wait."""
@@ -226,6 +123,9 @@ class VllmCluster:
             u.on_step = self._on_step
             u.on_first_token = self._on_first_token
             u.on_finish = self._on_finish
+            u.on_failed = self._on_unit_failed
+            if u.failed and u.unit_id not in self.failed:
+                self._on_unit_failed(u, u.failure or "engine core dead")
         self._checker = asyncio.get_running_loop().create_task(self._checks())
 
     async def close(self) -> None:
@@ -233,6 +133,8 @@ class VllmCluster:
         if self._checker is not None:
             self._checker.cancel()
             self._checker = None
+        for task in self._restarts.values():
+            task.cancel()
         for u in self.units:
             if u.on_step == self._on_step:
                 u.on_step = None
@@ -240,6 +142,8 @@ class VllmCluster:
                 u.on_first_token = None
             if u.on_finish == self._on_finish:
                 u.on_finish = None
+            if u.on_failed == self._on_unit_failed:
+                u.on_failed = None
         tasks = [s._task for s in self.streams.values() if s._task is not None]
         for rid in list(self.streams):
             self.abort(rid)
@@ -300,9 +204,16 @@ class VllmCluster:
         """Open or close a unit to new requests (its requests carry on); an opened unit is offered the queue."""
         if unit_id not in self._by_unit:
             raise KeyError(f"no unit {unit_id}")
+        if accepting and unit_id in self.failed:
+            raise ValueError(f"unit {unit_id} has failed: {self.failed[unit_id]}")
         self.accepting[unit_id] = accepting
         if accepting:
             self.dispatch()
+
+    @property
+    def num_serving(self) -> int:
+        """Units whose engine core runs (started, not failed; a closed but running unit counts)."""
+        return sum(1 for u in self.units if u.llm is not None and u.unit_id not in self.failed and not u.failed)
 
     def set_dispatcher(self, dispatcher: DispatchPolicy) -> None:
         """Replace the dispatch policy; the requests waiting are offered to the new one now."""
@@ -349,6 +260,11 @@ class VllmCluster:
             self._wake.set()
 
     def _launch(self, stream: RequestStream, unit: VllmUnit, p: PendingRequest) -> None:
+        source = stream.evacuated_from
+        if source is not None:  # back from a failed unit: it goes on here by recompute
+            stream.evacuated_from = None
+            self._recompute(stream, unit, source, "unit_failed", stream.first_token_s)
+            return
         stream._pending = p
         self._start(stream, unit, stream.request.prompt_token_ids, stream.request.max_tokens, stream.request.sampling)
         if self.observer is not None:
@@ -370,8 +286,18 @@ class VllmCluster:
         stream._task = task
 
         def done(t: asyncio.Task[RequestOutcome]) -> None:
-            if stream._task is not t:
-                return  # the request migrated: its new task carries on
+            if stream._task is not t:  # the request migrated (or was evacuated): its new task carries on
+                if not t.cancelled():
+                    t.exception()  # retrieved: an evacuated task's EngineFailed is no news
+                return
+            exc = None if t.cancelled() else t.exception()
+            if isinstance(exc, EngineFailed):  # its unit is dead: the request goes on elsewhere
+                if unit.unit_id in self.failed:
+                    self._evacuate(stream, unit.unit_id)
+                    self.dispatch()
+                else:
+                    self._on_unit_failed(unit, exc.reason)  # evacuates this request with the others
+                return
             self.streams.pop(r.request_id, None)
             stream._on_task_done(t)
             if stream.outcome is None and self.observer is not None:
@@ -413,16 +339,103 @@ class VllmCluster:
         if not task.cancel():
             return False
         live.on_output = None
+        self._recompute(stream, target, source.unit_id, m.reason or "rebalance", live.first_token_s)
+        return True
+
+    def _recompute(self, stream: RequestStream, target: VllmUnit, source_unit: int, reason: str,
+                   first_token_s: float | None) -> None:
+        """Submit ``stream``'s request to ``target`` with its outputs so far appended to its prompt (its old task
+        is cancelled or over already)."""
+        r = stream.request
+        produced = list(stream.output_token_ids)
         sampling = r.sampling
         if sampling is not None and sampling.min_tokens:
             sampling = replace(sampling, min_tokens=max(0, sampling.min_tokens - len(produced)))
-        self._start(stream, target, r.prompt_token_ids + produced, left, sampling, migrated=True,
-                    prior_outputs=len(produced), first_token_s=live.first_token_s)
+        self._start(stream, target, r.prompt_token_ids + produced, r.max_tokens - len(produced), sampling,
+                    migrated=True, prior_outputs=len(produced), first_token_s=first_token_s)
         stream.num_migrations += 1
         self.num_migrations += 1
         if self.observer is not None:
-            self.observer.migrated(stream, source.unit_id, target.unit_id, m.reason or "rebalance")
-        return True
+            self.observer.migrated(stream, source_unit, target.unit_id, reason)
+
+    # -- engine failures --------------------------------------------------------------------------
+    def _on_unit_failed(self, unit: VllmUnit, reason: str) -> None:
+        """Close the dead unit for good, send its requests back to the dispatcher and offer them around."""
+        uid = unit.unit_id
+        if uid in self.failed:
+            return
+        self.failed[uid] = reason
+        self.accepting[uid] = False
+        moved = 0
+        for stream in list(self.streams.values()):
+            if stream.unit_id == uid and stream._task is not None and not stream.done:
+                self._evacuate(stream, uid)
+                moved += 1
+        if self.observer is not None:
+            self.observer.unit_failed(unit, reason, moved)
+        if self.restart_delays is not None and self._checker is not None:
+            self._restarts[uid] = asyncio.get_running_loop().create_task(self._restart(unit, self.restart_delays()))
+        self.dispatch()
+
+    async def _restart(self, unit: VllmUnit, delays: Iterator[float]) -> None:
+        """Restart ``unit`` after each delay until its engine starts, then let it rejoin."""
+        attempts = 0
+        for delay in delays:
+            await asyncio.sleep(delay)
+            attempts += 1
+            try:
+                await unit.restart()
+            except Exception:  # vLLM's start failed (no memory, no GPU...): try again after the next delay
+                log.exception("unit %s: restart attempt %d failed", unit.unit_id, attempts)
+                continue
+            uid = unit.unit_id
+            self.failed.pop(uid, None)
+            self._restarts.pop(uid, None)
+            self.accepting[uid] = True
+            self.num_restarts += 1
+            if self.observer is not None:
+                self.observer.unit_restarted(unit, attempts)
+            self.dispatch()
+            return
+
+    def _evacuate(self, stream: RequestStream, unit_id: int) -> None:
+        """Take ``stream``'s request off its (dead) unit and put it at the front of the dispatcher's queue."""
+        task, stream._task = stream._task, None  # its done callback now leaves the stream alone
+        unit = self._by_unit[unit_id]
+        live = unit.live.get(stream.request_id)
+        if live is not None:
+            live.on_output = None
+            if stream.first_token_s is None:
+                stream.first_token_s = live.first_token_s
+        if task is not None and not task.done():
+            task.cancel()
+        r, p = stream.request, stream._pending
+        assert p is not None
+        produced = len(stream.output_token_ids)
+        if produced >= r.max_tokens:  # every token is out, only the finish was lost with the engine
+            self._finish_evacuated(stream, unit_id)
+            return
+        stream.unit_id = None
+        stream.evacuated_from = unit_id
+        self.num_evacuated += 1
+        self.pending = {stream.request_id: replace(p, prompt_tokens=len(r.prompt_token_ids) + produced),
+                        **self.pending}
+
+    def _finish_evacuated(self, stream: RequestStream, unit_id: int) -> None:
+        r, p = stream.request, stream._pending
+        assert p is not None
+        now = self._clock()
+        first = stream.first_token_s if stream.first_token_s is not None else now
+        outcome = RequestOutcome(
+            request_id=r.request_id, unit_id=unit_id, arrival_s=p.arrival_s, first_token_s=first, finish_s=now,
+            prompt_tokens=len(r.prompt_token_ids), output_tokens=len(stream.output_token_ids), num_preemptions=0,
+            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s,
+        )
+        stream._push(TokenDelta((), "", "length", None))
+        self.streams.pop(r.request_id, None)
+        stream._finish(outcome, None)
+        if self.observer is not None:
+            self.observer.finished(self._by_unit[unit_id], outcome)
 
     def _on_step(self, unit: VllmUnit, rec: StepRecord) -> None:
         if self.observer is not None:
@@ -435,6 +448,9 @@ class VllmCluster:
             self.dispatch()
 
     def _on_first_token(self, unit: VllmUnit, request_id: str) -> None:
+        stream, live = self.streams.get(request_id), unit.live.get(request_id)
+        if stream is not None and live is not None and stream.first_token_s is None:
+            stream.first_token_s = live.first_token_s
         if self.observer is not None:
             self.observer.first_token(unit, request_id)
 

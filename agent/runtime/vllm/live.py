@@ -19,6 +19,11 @@ and open the unit to the dispatcher.
 What differs from simulated units: a unit's ``running_views`` (slack samples) are every request the front end has
 on it, running or waiting in the engine; no request is refused by a unit's admission control (``num_refused`` is
 0); a request its client aborted, or that its engine failed, has no ``request_finished``.
+
+Engine failures: a unit whose engine core died is in mode ``failed`` (``set_unit_mode`` refuses it) and
+:attr:`LiveVllmNode.on_fault` hears of it (the hub's ``unit_failed`` alert); its requests go on elsewhere
+(``VllmCluster``'s evacuation, reported as migrations with reason ``unit_failed``). When the cluster restarts it,
+it is ``active`` again and :attr:`LiveVllmNode.on_recover` hears of it (``unit_restarted``).
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from dataclasses import dataclass, replace
 
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.unit import VllmUnit
-from agent.runtime.port import FinishHook, RequestHook, Settled, StepHook
+from agent.runtime.port import FaultHook, FinishHook, RequestHook, Settled, StepHook
 from agent.runtime.records import DispatchHook, MigrateHook, MigrationRecord, PreemptHook, RequestState
-from agent.runtime.vllm.cluster import ClusterRequest, RequestAborted, RequestStream, VllmCluster
+from agent.runtime.vllm.cluster import VllmCluster
+from agent.runtime.vllm.requests import ClusterRequest, RequestAborted, RequestStream
 from agent.workload.prompts import prompt_ids
 from agent.workload.types import RequestSpec
 from policies.base import BatchPolicy, DispatchPolicy
@@ -92,6 +98,16 @@ class LiveUnit:
     def _restore(self, policy: BatchPolicy) -> None:
         self._policy = policy
 
+    @property
+    def engine_pid(self) -> int | None:
+        """The process id of the unit's engine core."""
+        return self.unit.engine_pid
+
+    @property
+    def failure(self) -> str | None:
+        """Why the unit failed (None while its engine runs)."""
+        return self._node.cluster.failed.get(self.unit_id)
+
     def load(self, with_requests: bool = False) -> UnitLoad:
         """The unit's load as its dispatcher sees it (``with_requests``: its resident requests too)."""
         return self.unit.load(with_requests=with_requests)
@@ -139,6 +155,10 @@ class LiveVllmNode:
         self.on_preempt: PreemptHook | None = None
         self.on_migrate: MigrateHook | None = None
         """Each migration by recompute (``VllmCluster``: aborted on its source, re-submitted on its target)."""
+        self.on_fault: FaultHook | None = None
+        """A unit's engine core died (``unit_id``, reason)."""
+        self.on_recover: FaultHook | None = None
+        """A failed unit was restarted and takes requests again (``unit_id``, how)."""
         self.states: dict[str, RequestState] = {}
         """The requests in flight (pending or on a unit): finished, refused and ended ones are forgotten."""
         self.preemptions: dict[str, int] = {}
@@ -197,6 +217,8 @@ class LiveVllmNode:
             raise ValueError(f"unknown unit mode {mode!r} ({', '.join(MODES)})")
         index = self.unit_index(unit_id)
         old = self.unit_modes[index]
+        if old == "failed":
+            raise ValueError(f"unit {unit_id} has failed: {self.cluster.failed.get(unit_id, 'engine core dead')}")
         self.unit_modes[index] = mode
         unit = self.units[index].unit
         if mode == "paused" and old != "paused":
@@ -355,6 +377,23 @@ class LiveVllmNode:
             self.preemptions.pop(stream.request_id, None)
             if stream.error is not None and not isinstance(stream.error, RequestAborted):
                 log.warning("request %s failed on unit %s: %s", stream.request_id, stream.unit_id, stream.error)
+
+    def unit_failed(self, unit: VllmUnit, reason: str, num_evacuated: int) -> None:
+        self.unit_modes[self.unit_index(unit.unit_id)] = "failed"
+        log.error("unit %s failed: %s (%d request(s) go on elsewhere)", unit.unit_id, reason, num_evacuated)
+        if self.on_fault is not None:
+            self.on_fault(unit.unit_id, reason)
+
+    def unit_restarted(self, unit: VllmUnit, num_attempts: int) -> None:
+        index = self.unit_index(unit.unit_id)
+        self.unit_modes[index] = "active"
+        if not unit.options.plain:  # the fresh engine starts with the launch policy: give it the current one
+            served = self.units[index]
+            served.set_policy(served.policy)
+        how = f"restarted (attempt {num_attempts}), engine core pid {unit.engine_pid}"
+        log.warning("unit %s %s", unit.unit_id, how)
+        if self.on_recover is not None:
+            self.on_recover(unit.unit_id, how)
 
     def migrated(self, stream: RequestStream, source_unit: int, target_unit: int, reason: str) -> None:
         state = self.states.get(stream.request_id)

@@ -101,9 +101,13 @@ class AgentProcess:
         return openai.AsyncOpenAI(base_url=self.openai_url, api_key="unused", max_retries=0, timeout=30.0)
 
 
+EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "nodes" / "cpu-fake-executor.toml"
+
+
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    proc = AgentProcess(tmp_path_factory.mktemp("vllm-agent"))
+    # The example node config (2 fake-executor units), the command line over it (its own ports, node id, token).
+    proc = AgentProcess(tmp_path_factory.mktemp("vllm-agent"), "--config", str(EXAMPLE_CONFIG))
     try:
         yield proc
     finally:
@@ -184,6 +188,7 @@ def test_completions_stream_the_units_steps_requests_and_loads(agent: AgentProce
         assert hello.profile == MODEL and hello.dispatch_policy == "least_loaded"
         assert [(u.unit_id, u.batch_policy, u.mode) for u in hello.units] == [(0, "vllm", "active"),
                                                                               (1, "vllm", "active")]
+        assert [(u.gpu_ids, u.tensor_parallel_size) for u in hello.units] == [((), 1), ((), 1)]  # on the CPU
         assert hello.boot_ns < t0, "the run started when the agent did"
         steps = [e for e in watch.of(StepEvent) if t0 <= e.time_ns]
         assert {e.unit_id for e in steps} == {0, 1}, "least_loaded spreads 8 requests over both engines"
@@ -367,8 +372,9 @@ def test_preemptions_reach_the_stream_under_our_request_ids() -> None:
     from agent.engine.vllm.cpu import cpu_vllm_config
     from agent.engine.vllm.fake_executor import FakeExecutor
     from agent.engine.vllm.unit import EngineOptions, VllmUnit
-    from agent.runtime.vllm.cluster import ClusterRequest, VllmCluster
+    from agent.runtime.vllm.cluster import VllmCluster
     from agent.runtime.vllm.live import LiveVllmNode
+    from agent.runtime.vllm.requests import ClusterRequest
     from policies.registry import make_batch_policy, make_dispatch_policy
 
     async def go() -> None:

@@ -21,8 +21,9 @@ from agent.engine.vllm.cpu import cpu_vllm_config
 from agent.engine.vllm.fake_executor import FakeExecutor
 from agent.engine.vllm.unit import EngineOptions, VllmUnit, _Live
 from agent.runtime.records import MigrationRecord
-from agent.runtime.vllm.cluster import ClusterRequest, VllmCluster
+from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode
+from agent.runtime.vllm.requests import ClusterRequest
 from agent.service.hub import Hub
 from agent.telemetry import RequestFinished, RequestMigrated, StageBoundaries
 from agent.workload.types import RequestSpec

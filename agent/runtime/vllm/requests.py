@@ -1,0 +1,168 @@
+"""A request on its way through the live vLLM cluster (:mod:`agent.runtime.vllm.cluster`): what a client submits
+(:class:`ClusterRequest`), the stream it reads back (:class:`RequestStream`: token deltas, the outcome, abort), why
+a stream ends without finishing (:class:`RequestRejected`, :class:`RequestAborted`), and what an observer of the
+cluster hears (:class:`ClusterObserver`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.vllm.sampling import Sampling, TokenDelta
+from agent.engine.vllm.unit import VllmUnit
+from policies.types import DispatchDecision, PendingRequest, UnitLoad
+
+if TYPE_CHECKING:
+    from agent.runtime.vllm.cluster import VllmCluster
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRequest:
+    """A request for the cluster: a token-id prompt and how much to generate."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    ttft_slo_s: float | None = None
+    """None: the cluster's default."""
+    tpot_slo_s: float | None = None
+    arrival_s: float | None = None
+    """When the request reached the agent (wall clock); None: now."""
+    sampling: Sampling | None = None
+    """None: the unit's default (``ignore_eos``, no text), what workload replays use."""
+
+
+class RequestRejected(Exception):
+    """The dispatcher refused the request (it was never given to a unit)."""
+
+
+class RequestAborted(Exception):
+    """The request was aborted (:meth:`VllmCluster.abort`) before it finished."""
+
+
+_END = object()
+
+
+class RequestStream:
+    """One request's progress: iterate for its token deltas, :meth:`wait` for its outcome, :meth:`abort` to end it.
+
+    Iteration ends after the delta that carries ``finish_reason``; it raises :class:`RequestRejected` when the
+    dispatcher refused the request, :class:`RequestAborted` when someone aborted it, and the unit's exception
+    when vLLM failed it (a ``ValueError`` for a request vLLM finds invalid).
+    """
+
+    def __init__(self, request: ClusterRequest, cluster: VllmCluster, collect: bool) -> None:
+        self.request = request
+        self.request_id = request.request_id
+        self.unit_id: int | None = None
+        """The unit the request is on (the dispatcher's choice, or a migration's target); None while pending (and
+        for a rejected request)."""
+        self.output_token_ids: list[int] = []
+        """The output tokens so far (what a migration re-submits after the prompt)."""
+        self.num_migrations = 0
+        self.first_token_s: float | None = None
+        """When the request's first token came out (on any unit), wall clock; None before."""
+        self.evacuated_from: int | None = None
+        """The failed unit the request was taken off, while it waits at the dispatcher to go on elsewhere."""
+        self._pending: PendingRequest | None = None
+        self.outcome: RequestOutcome | None = None
+        self.error: BaseException | None = None
+        self._cluster = cluster
+        self._queue: asyncio.Queue[TokenDelta | object] | None = asyncio.Queue() if collect else None
+        self._task: asyncio.Task[RequestOutcome] | None = None
+        self._done = asyncio.Event()
+
+    # -- consumer side ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> TokenDelta:
+        if self._queue is None:
+            raise RuntimeError("submitted with collect=False: no deltas to iterate")
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # a further __anext__ ends (or raises) again
+            if self.error is not None:
+                raise self.error
+            raise StopAsyncIteration
+        assert isinstance(item, TokenDelta)
+        return item
+
+    async def wait(self) -> RequestOutcome:
+        """The outcome once the request finished; raises what iteration would raise."""
+        await self._done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.outcome is not None
+        return self.outcome
+
+    def abort(self) -> bool:
+        """End the request wherever it is (see :meth:`VllmCluster.abort`); False if it had already finished."""
+        return self._cluster._abort(self)
+
+    # -- cluster side -----------------------------------------------------------------------------
+    def _push(self, delta: TokenDelta) -> None:
+        self.output_token_ids.extend(delta.token_ids)
+        if self._queue is not None:
+            self._queue.put_nowait(delta)
+
+    def _finish(self, outcome: RequestOutcome | None, error: BaseException | None) -> None:
+        if self._done.is_set():
+            return
+        self.outcome = outcome
+        self.error = error
+        self._done.set()
+        if self._queue is not None:
+            self._queue.put_nowait(_END)
+
+    def _on_task_done(self, task: asyncio.Task[RequestOutcome]) -> None:
+        if task.cancelled():
+            self._finish(None, RequestAborted(f"request {self.request_id} was aborted"))
+        elif (exc := task.exception()) is not None:
+            self._finish(None, exc)
+        else:
+            self._finish(task.result(), None)
+
+
+class ClusterObserver(Protocol):
+    """What happens in a cluster, as it happens (the agent's telemetry); times are the units' (wall clock)."""
+
+    def arrived(self, stream: RequestStream, pending: PendingRequest) -> None:
+        """A request reached the dispatcher's queue."""
+
+    def dispatching(self, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
+        """The dispatcher decided (called before the decision is carried out) on these loads."""
+
+    def launched(self, stream: RequestStream, pending: PendingRequest) -> None:
+        """A request went to its unit (``stream.unit_id``); ``pending`` as the dispatcher last saw it."""
+
+    def rejected(self, stream: RequestStream) -> None:
+        """The dispatcher refused a request."""
+
+    def stepped(self, unit: VllmUnit, record: StepRecord) -> None:
+        """A unit reported a step (its raw message is ``unit.last``)."""
+
+    def first_token(self, unit: VllmUnit, request_id: str) -> None: ...
+
+    def finished(self, unit: VllmUnit, outcome: RequestOutcome) -> None: ...
+
+    def ended(self, stream: RequestStream) -> None:
+        """A request ended without an outcome: aborted (pending or on its unit), or failed by its engine
+        (``stream.error``)."""
+
+    def migrated(self, stream: RequestStream, source_unit: int, target_unit: int, reason: str) -> None:
+        """A request moved by recompute (aborted on ``source_unit``, re-submitted on ``target_unit`` now)."""
+
+    def unit_failed(self, unit: VllmUnit, reason: str, num_evacuated: int) -> None:
+        """A unit's engine core died; ``num_evacuated`` of its requests went back to the dispatcher."""
+
+    def unit_restarted(self, unit: VllmUnit, num_attempts: int) -> None:
+        """A failed unit runs a fresh engine and takes requests again."""
