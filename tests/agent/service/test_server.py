@@ -119,7 +119,7 @@ def test_resume_after_the_buffer_moved_on_announces_the_gap(restarted: bool) -> 
 def test_a_subscriber_that_never_reads_does_not_slow_the_node() -> None:
     async def go() -> None:
         hub = make_hub(workload="poisson:n=3000,rate=80", max_queued=64)
-        speed = 10.0
+        speed = 5.0  # the pace check needs the CPU to simulate 5 node seconds a second, with room on a loaded machine
         async with make_server(hub, speed=speed) as server:
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
