@@ -94,6 +94,15 @@ class BatchPolicy(_Configurable, abc.ABC):
         """
         return False
 
+    def refuses_within(self, prompt_tokens: int, budget_tokens: float | None) -> bool:
+        """True when the policy refuses a new request of this prompt length, given the admission budget the unit
+        last reported (``UnitLoad.prefill_admission_budget``, None: none known).
+
+        What a node asks where the policy itself runs elsewhere (a live engine's process) and only its reported
+        budget is at hand; :meth:`refuses` is the same decision made with the policy's own state. Default: admit.
+        """
+        return False
+
 
 class DispatchPolicy(_Configurable, abc.ABC):
     """Spreads arriving requests over the DP units of a node.

@@ -35,6 +35,7 @@ def test_policies_stay_pure(module: str) -> None:
         "agent.runtime.node", "agent.bench.runner", "agent.cli.main", "agent.engine.sim", "agent.telemetry",
         "agent.telemetry.stream", "agent.service.hub", "agent.service.server", "agent.telemetry.client",
         "agent.service.metrics", "agent.cli.serve", "agent.runtime.port", "agent.runtime.events",
+        "agent.engine.vllm.messages",
     ],
 )
 def test_agent_runtime_needs_no_vllm_or_ui(module: str) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.vllm.messages import StepMessage
 from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.requests import ClusterRequest, RequestRejected, RequestStream
@@ -35,7 +36,8 @@ class RunResult:
     outcomes: list[RequestOutcome]
     rejected: list[str]
     records: dict[int, list[StepRecord]] = field(default_factory=dict)
-    raw: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    raw: dict[int, list[StepMessage]] = field(default_factory=dict)
+    """Each unit's step messages (the records' fields and the scheduler's extras: plan time, PAB...)."""
     num_migrations: int = 0
     """Requests moved between units by recompute (for dispatchers that migrate: ``VllmCluster``)."""
 

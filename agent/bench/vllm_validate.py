@@ -36,7 +36,9 @@ from agent.bench.vllm_runner import RunResult, run_workload
 from agent.engine.probe_workloads import probe_workloads
 from agent.engine.vllm.config import UnitSettings
 from agent.engine.vllm.cpu import engine_versions
-from agent.engine.vllm.unit import EngineOptions, VllmUnit
+from agent.engine.vllm.messages import SetPolicy, StepMessage
+from agent.engine.vllm.options import EngineOptions
+from agent.engine.vllm.unit import VllmUnit
 from agent.workload.spec import parse_workload
 from agent.workload.types import RequestSpec
 from policies.registry import DISPATCH_POLICIES
@@ -66,27 +68,27 @@ def warmup() -> list[RequestSpec]:
     return [RequestSpec(f"w{i:02d}", 0.0, 128, 16) for i in range(8)]
 
 
-def columns(raw: list[dict[str, Any]]) -> dict[str, list[Any]]:
+def columns(raw: list[StepMessage]) -> dict[str, list[Any]]:
     keys = ("duration_s", "predicted_s", "num_prefill_tokens", "num_decode_tokens", "context_tokens",
             "num_running", "kv_used_blocks", "plan_us", "mode")
-    return {k: [r.get(k) for r in raw] for k in keys}
+    return {k: [getattr(r, k) for r in raw] for k in keys}
 
 
-def mape(raw: list[dict[str, Any]], coefs: tuple[float, float, float] | None) -> dict[str, Any]:
-    steps = [r for r in raw if r["num_prefill_tokens"] + r["num_decode_tokens"] > 0]
+def mape(raw: list[StepMessage], coefs: tuple[float, float, float] | None) -> dict[str, Any]:
+    steps = [r for r in raw if r.num_prefill_tokens + r.num_decode_tokens > 0]
     if not steps:
         return {}
     out: dict[str, Any] = {"steps": len(steps)}
-    online = [abs(r["predicted_s"] - r["duration_s"]) / r["duration_s"] for r in steps]
+    online = [abs(r.predicted_s - r.duration_s) / r.duration_s for r in steps]
     out["online_model_mape"] = round(sum(online) / len(online), 4)
     if coefs is not None:
         a, b, c = coefs
-        err = [abs(a + b * (r["num_prefill_tokens"] + r["num_decode_tokens"]) + c * r["context_tokens"]
-                   - r["duration_s"]) / r["duration_s"] for r in steps]
+        err = [abs(a + b * (r.num_prefill_tokens + r.num_decode_tokens) + c * r.context_tokens
+                   - r.duration_s) / r.duration_s for r in steps]
         out["profile_mape"] = round(sum(err) / len(err), 4)
         err.sort()
         out["profile_ape_p50"] = round(err[len(err) // 2], 4)
-    plan = sorted(r.get("plan_us") or 0.0 for r in steps)
+    plan = sorted(r.plan_us for r in steps)
     out["plan_us_p50"] = plan[len(plan) // 2]
     out["plan_us_p99"] = plan[min(len(plan) - 1, int(0.99 * len(plan)))]
     return out
@@ -143,11 +145,11 @@ async def part_throughput(args: argparse.Namespace, async_sched: bool) -> dict[s
             bursty = parse_workload(BURSTY_8B, seed=0)
             for policy in ("vllm", "fairbatching"):
                 # An idle engine schedules nothing: the swap applies at the first step of the run.
-                mid = unit.send_control({"op": "set_policy", "name": policy, "params": {}})
+                mid = unit.send_control(SetPolicy(name=policy))
                 s, r = await _run([unit], "round_robin", bursty, SLO_8B, f"slo-{policy}")
-                reply = unit.control_replies.pop(mid, {})
-                s["policy_swap_ok"] = bool(reply.get("ok"))
-                s["step_policies"] = sorted({x["policy"] for x in r.raw[0]})
+                reply = unit.control_replies.pop(mid, None)
+                s["policy_swap_ok"] = reply is not None and reply.ok
+                s["step_policies"] = sorted({x.policy for x in r.raw[0]})
                 s["batch_policy"] = policy
                 s["workload"] = BURSTY_8B
                 s["sim_check"] = mape(r.raw[0], profile_coefs(PROFILES["8b"]))
@@ -175,10 +177,11 @@ async def part_slo(args: argparse.Namespace) -> dict[str, Any]:
     await _run([unit], "round_robin", warmup(), SLO_8B, "warmup")
     work = parse_workload(args.workload, seed=0)
     for policy in ("vllm", "fairbatching"):
-        mid = unit.send_control({"op": "set_policy", "name": policy, "params": {}})
+        mid = unit.send_control(SetPolicy(name=policy))
         s, r = await _run([unit], "round_robin", work, SLO_8B, f"slo-{policy}")
-        s["policy_swap_ok"] = bool(unit.control_replies.pop(mid, {}).get("ok"))
-        s["step_policies"] = sorted({x["policy"] for x in r.raw[0]})
+        reply = unit.control_replies.pop(mid, None)
+        s["policy_swap_ok"] = reply is not None and reply.ok
+        s["step_policies"] = sorted({x.policy for x in r.raw[0]})
         s["batch_policy"] = policy
         s["sim_check"] = mape(r.raw[0], profile_coefs(PROFILES["8b"]))
         out["runs"].append(s)
@@ -203,7 +206,7 @@ async def part_dispatch(args: argparse.Namespace) -> dict[str, Any]:
         s, r = await _run(units, dispatch, work, SLO_1B, f"dispatch-{dispatch}")
         kv_spread = []
         for recs in zip(*(r.raw[u.unit_id] for u in units), strict=False):
-            kv = [x["kv_used_blocks"] for x in recs]
+            kv = [x.kv_used_blocks for x in recs]
             kv_spread.append(max(kv) - min(kv))
         s["kv_blocks_spread_mean"] = round(sum(kv_spread) / len(kv_spread), 1) if kv_spread else None
         s["sim_check"] = {u.unit_id: mape(r.raw[u.unit_id], profile_coefs(PROFILES["1b"])) for u in units}

@@ -107,6 +107,8 @@ def _flag(name: str, value: Any, default: Any, where: str) -> list[str]:
         if not isinstance(value, bool):
             raise NodeConfigError(f"{where}: a switch: true or false")
         return [] if value == default else [option] if value else ["--no-" + name.replace("_", "-")]
+    if isinstance(value, bool) and default is None:  # a switch whose default depends on other flags
+        return [option] if value else ["--no-" + name.replace("_", "-")]
     if isinstance(value, bool | dict):
         raise NodeConfigError(f"{where}: takes a value, not {_kind(value)}")
     if isinstance(value, list):

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -26,6 +23,8 @@ import msgspec
 from websockets.exceptions import WebSocketException
 
 from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
+from agent.cli.agent_vllm import VLLM_ONLY, add_vllm_options, cmd_agent_vllm
+from agent.cli.common import ServeError, parse_listen
 from agent.cli.node_config import NodeConfigError, expand_node_config
 from agent.engine.profiles import load_profile
 from agent.runtime.node import Node
@@ -38,11 +37,13 @@ from agent.telemetry import (
     DryRun,
     ErrorReply,
     Event,
+    FailUnit,
     ListPolicies,
     NodeHello,
     OkReply,
     PauseUnit,
     PolicyList,
+    RecoverUnit,
     Reply,
     ResumeUnit,
     SetBatchPolicy,
@@ -56,19 +57,13 @@ from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec
 from policies.params import parse_assignments
-from policies.registry import make_batch_policy, make_dispatch_policy
 
 if TYPE_CHECKING:
-    from agent.service.launch import VllmAgentConfig
     from store.recorder import EventWriter
 
 EXIT_ERROR_REPLY = 2
 EXIT_UNREACHABLE = 1
 log = logging.getLogger("trackside")
-
-
-class ServeError(Exception):
-    """A problem with what the user asked for (printed as one line, exit 2)."""
 
 
 def add_serve_commands(sub: Any) -> None:
@@ -96,21 +91,31 @@ def add_serve_commands(sub: Any) -> None:
     ctl.add_argument("--json", action="store_true", help="print the reply as JSON")
     ctl.add_argument("--dry-run", action="store_true", help="validate a set-* change without applying it")
     actions = ctl.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser("status")
-    actions.add_parser("policies")
-    sp = actions.add_parser("set-policy")
+    actions.add_parser("status", help="the node: dispatcher, units, their modes and policies")
+    actions.add_parser("policies", help="every batch and dispatch policy with its parameters")
+    sp = actions.add_parser("set-policy", help="swap the batch policy of some units (default every unit)")
     sp.add_argument("--unit", type=int, action="append", help="unit id (repeatable; default every unit)")
     sp.add_argument("name")
     sp.add_argument("--param", action="append", default=[], metavar="K=V")
-    sd = actions.add_parser("set-dispatch")
+    sd = actions.add_parser("set-dispatch", help="swap the dispatch policy")
     sd.add_argument("name")
     sd.add_argument("--param", action="append", default=[], metavar="K=V")
-    pa = actions.add_parser("set-param")
+    pa = actions.add_parser("set-param", help="change live parameters of the batch (or dispatch) policy")
     pa.add_argument("--unit", type=int, action="append")
     pa.add_argument("--dispatch", action="store_true", help="change the dispatcher's parameters")
     pa.add_argument("assignments", nargs="+", metavar="K=V")
-    for mode in ("pause", "drain", "resume"):
-        actions.add_parser(mode).add_argument("--unit", type=int, required=True)
+    modes = {"pause": "stop a unit's steps (its requests wait on it) and close it to new requests",
+             "drain": "close a unit to new requests; it finishes its own", "resume": "open a paused or drained unit"}
+    for mode, what in modes.items():
+        actions.add_parser(mode, help=what).add_argument("--unit", type=int, required=True)
+    fail = actions.add_parser(
+        "fail-unit", help="take a unit out as a failure would: its requests go on other units, it stays failed "
+        "(a vLLM engine keeps running, not restarted) until recover-unit")
+    fail.add_argument("--unit", type=int, required=True)
+    fail.add_argument("--reason", default="", help="said in the unit_failed alert and the unit's failure")
+    actions.add_parser(
+        "recover-unit", help="bring a failed unit back, empty (a vLLM unit whose engine is dead is restarted now)",
+    ).add_argument("--unit", type=int, required=True)
 
     rec = sub.add_parser("record", help="subscribe to agents and write their events to a store")
     rec.add_argument("uris", nargs="+", metavar="URI")
@@ -171,54 +176,7 @@ def agent_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     return parser
 
 
-def add_vllm_options(agent: Any) -> None:
-    """The ``--engine vllm`` options of ``trackside agent``."""
-    v = agent.add_argument_group("vLLM engines (--engine vllm)")
-    v.add_argument("--model", metavar="DIR", help="model folder (with config.json) or Hugging Face name")
-    v.add_argument("--load-format", default="auto", help="vLLM's load format; dummy: random weights (default auto)")
-    v.add_argument("--fake-executor", action="store_true",
-                   help="CPU: a tiny built-in model on an executor that runs no model (no GPU, no weights)")
-    v.add_argument("--serve-openai", metavar="HOST:PORT",
-                   help="serve the OpenAI completions API there (HOST defaults to 127.0.0.1; port 0: any free one)")
-    v.add_argument("--served-model-name", help="the model id OpenAI clients name (default: --model)")
-    v.add_argument("--no-restart", action="store_true",
-                   help="leave a unit whose engine died failed (default: restart it, after 1 s doubling to 60 s)")
-    v.add_argument("--tokenizer", action="store_true",
-                   help="load the model's tokenizer: text prompts and text back (default: token ids only)")
-    v.add_argument("--gpus", metavar="all|0-7|0,2,4",
-                   help="the GPUs the units run on (CUDA's numbers; positions in CUDA_VISIBLE_DEVICES when set), "
-                   "cut in order into groups of TP×PP GPUs, one unit each by default: 8 GPUs at TP 4 make 2 units "
-                   "on 0-3 and 4-7; each unit's engine gets its own (vLLM's device_ids). Default: vLLM's default "
-                   "device, shared by every unit")
-    v.add_argument("--tensor-parallel-size", type=int, metavar="N",
-                   help="GPUs per pipeline stage of a unit (default 1)")
-    v.add_argument("--pipeline-parallel-size", type=int, metavar="N",
-                   help="pipeline stages of a unit (default 1): a unit takes TP×PP GPUs")
-    v.add_argument("--gpu-memory-utilization", type=float, metavar="SHARE",
-                   help="GPU memory share of each unit (default 0.9 on GPUs of its own; without --gpus 0.9 divided "
-                   "by --units). More units than GPU groups share them only with it given, at most 1 per GPU")
-    v.add_argument("--engine-arg", action="append", metavar="[UNIT:]KEY=VALUE",
-                   help="any vLLM engine argument (a field of AsyncEngineArgs, typed and checked by vLLM's own "
-                   "parser), repeatable: kv_cache_dtype=fp8, quantization=fp8, enable_prefix_caching=false, "
-                   "dtype=bfloat16, trust_remote_code=true; UNIT: for one unit only (1:max_num_seqs=128). "
-                   "Fields with a flag of their own take the flag")
-    v.add_argument("--max-num-batched-tokens", type=int, help="largest step in tokens (default 8192; fake 2048)")
-    v.add_argument("--max-num-seqs", type=int, help="running requests per unit at most (default 512; fake 64)")
-    v.add_argument("--max-model-len", type=int,
-                   help="context length (default the model's, at most 16384; fake 4096)")
-    v.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (starts faster, steps slower)")
-    v.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
-                   help="vLLM's async scheduling (default on)")
-
-
 # -- agent --------------------------------------------------------------------------------------------------
-def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ServeError(f"{flag} takes HOST:PORT, not {text!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
     """Fresh simulated units and dispatcher for ``config`` (requests too long for the model are dropped)."""
     profile = load_profile(config.profile)
@@ -227,10 +185,6 @@ def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
     return build_node(config, profile, runnable, batch_params, dispatch_params)
 
 
-VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
-             "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager", "gpus",
-             "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "no_restart")
-SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "migration": "live", "speed": 1.0}
 
 
 def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
@@ -242,7 +196,7 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
         raise ServeError("--tls-cert and --tls-key go together")
     if args.engine == "vllm":
         return cmd_agent_vllm(args)
-    given = [name for name in VLLM_ONLY if getattr(args, name) not in (None, False)]
+    given = [name for name in VLLM_ONLY if getattr(args, name) not in (None, False, [])]
     if args.load_format != "auto":
         given.append("load_format")
     if given or not args.async_scheduling:
@@ -295,135 +249,6 @@ async def _serve(hub: Hub, node: Node, host: str, port: int, speed: float, tls: 
     return 0
 
 
-def cmd_agent_vllm(args: argparse.Namespace) -> int:
-    """``trackside agent --engine vllm``: check what can be checked and resolve every unit before any engine starts
-    (``--dry-run``: print that and stop), then run."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ServeError("--engine vllm needs vLLM: pip install -e '.[vllm]' (vLLM 0.26.0 and torch 2.11.0)")
-    if args.dry_run:  # stdout is the plan's JSON: vLLM logs to stderr (read when vLLM is first imported)
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    for name, default in SIM_ONLY.items():
-        if getattr(args, name) != default:
-            raise ServeError(f"--{name.replace('_', '-')} applies to simulated units (--engine sim)")
-    if args.fake_executor and args.model:
-        raise ServeError("--fake-executor runs its own tiny model: leave out --model")
-    if args.fake_executor and args.tokenizer:
-        raise ServeError("--fake-executor's model has no tokenizer: leave out --tokenizer")
-    if not args.fake_executor and not args.model:
-        raise ServeError("--engine vllm needs --model DIR (a model folder; with --load-format dummy its config.json "
-                         "is enough) or --fake-executor (CPU, no model)")
-    warnings: list[str] = []
-    model_len = None
-    if not args.fake_executor:
-        try:
-            model_len = model_max_len(args.model)
-        except ServeError as exc:
-            if not args.dry_run:
-                raise
-            warnings.append(str(exc))  # a dry run loads nothing: the model may live on another machine
-    share = args.gpu_memory_utilization
-    if share is not None and not 0 < share <= 1:
-        raise ServeError("--gpu-memory-utilization is each unit's share of the GPU memory: in (0, 1]")
-    for flag in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size",
-                 "pipeline_parallel_size"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise ServeError(f"--{flag.replace('_', '-')} must be >= 1")
-    host, port = parse_listen(args.listen)
-    serve = parse_listen(args.serve_openai, "--serve-openai") if args.serve_openai else None
-    requests: Sequence[RequestSpec] = ()
-    if args.trace is not None:
-        requests = load_trace(args.trace)
-    elif args.workload is not None:
-        requests = parse_workload(args.workload, seed=args.seed)
-    if serve is None and not requests:
-        raise ServeError("--engine vllm serves --serve-openai HOST:PORT, replays --workload/--trace, or both")
-    token = read_token(args.token_file)
-    batch_params, dispatch_params = split_params(parse_assignments(args.param), args.batch_policy, args.dispatch)
-    coefficients = None
-    if args.profile:
-        c = load_profile(args.profile).coefficients
-        coefficients = (c.a_s, c.b_s, c.c_s)
-
-    from agent.engine.vllm.placement import visible_gpu_count
-    from agent.engine.vllm.plan import NodeRequest, PlanError, plan_json, resolve
-    from agent.service.launch import AgentStartError, VllmAgentConfig, run_agent
-
-    request = NodeRequest(
-        model=args.model, fake_executor=args.fake_executor, units=args.units, gpus=args.gpus,
-        tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
-        gpu_memory_utilization=share, load_format=args.load_format,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len, model_max_len=model_len, enforce_eager=args.enforce_eager,
-        async_scheduling=args.async_scheduling, tokenizer=args.tokenizer, engine_args=tuple(args.engine_arg or ()),
-    )
-    try:
-        plan = resolve(request)
-    except PlanError as exc:
-        raise ServeError(str(exc)) from None
-    config = VllmAgentConfig(
-        units=len(plan.units), batch_policy=args.batch_policy, batch_params=batch_params, dispatch=args.dispatch,
-        dispatch_params=dispatch_params, engine=plan.units[0].engine, unit_engines=plan.engines,
-        placements=plan.placements, fake_executor=args.fake_executor, coefficients=coefficients,
-        ttft_slo_s=args.slo_ttft_ms / 1e3, tpot_slo_s=args.slo_tpot_ms / 1e3, serve_openai=serve,
-        served_model_name=args.served_model_name, requests=requests, seed=args.seed, restart=not args.no_restart,
-    )
-    if args.dry_run:
-        print(json.dumps(dry_run_document(args, plan_json(plan, config.fake_num_blocks), config, warnings), indent=2))
-        return 0
-    if plan.gpu_ids:
-        visible = visible_gpu_count()
-        if visible and max(plan.gpu_ids) >= visible:
-            raise ServeError(f"--gpus {args.gpus}: GPU {max(plan.gpu_ids)} is not visible here ({visible} GPUs: "
-                             f"0 to {visible - 1})")
-    tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
-    if not token:
-        print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
-    try:
-        return asyncio.run(run_agent(config, node_id=args.node_id, token=token, host=host, port=port, tls=tls,
-                                     replay_events=args.replay_events, slack_sample_ms=args.slack_sample_ms))
-    except AgentStartError as exc:
-        raise ServeError(str(exc)) from None
-    except OSError as exc:  # a port is taken, an address is not ours
-        raise ServeError(f"cannot listen: {exc.strerror or exc}") from None
-
-
-def dry_run_document(args: argparse.Namespace, plan: dict[str, Any], config: VllmAgentConfig,
-                     warnings: Sequence[str]) -> dict[str, Any]:
-    """What ``--dry-run`` prints: the node as it would start (``plan``: the units, ``agent.engine.vllm.plan``), its
-    policies built and checked as a start builds them first."""
-    batch = make_batch_policy(config.batch_policy, dict(config.batch_params))
-    dispatcher = make_dispatch_policy(config.dispatch, dict(config.dispatch_params))
-    serve = config.serve_openai
-    return {
-        "node_id": args.node_id, "engine": "vllm", "model": config.engine.model,
-        "served_model_name": config.model_name, **plan, "warnings": [*warnings, *plan["warnings"]],
-        "batch_policy": batch.name, "batch_params": dict(batch.params), "dispatch": dispatcher.name,
-        "dispatch_params": dict(dispatcher.params), "profile": args.profile, "slo_ttft_ms": args.slo_ttft_ms,
-        "slo_tpot_ms": args.slo_tpot_ms, "listen": "{}:{}".format(*parse_listen(args.listen)),
-        "serve_openai": f"{serve[0]}:{serve[1]}" if serve else None,
-        "workload": {"trace": str(args.trace) if args.trace else None, "workload": args.workload,
-                     "num_requests": len(config.requests)} if config.requests else None,
-        "control": args.token_file is not None, "config": str(args.config) if args.config else None,
-    }
-
-
-def model_max_len(model: str) -> int | None:
-    """The context length a model folder's ``config.json`` declares (None: not said, or a hub name); raises
-    :class:`ServeError` for a folder without a readable ``config.json``."""
-    path = Path(model)
-    if not path.exists():
-        if model.startswith((".", "/", "~")) or model.count("/") != 1:
-            raise ServeError(f"--model {model}: no such folder (nor a Hugging Face name ORG/NAME)")
-        return None  # a Hugging Face name: vLLM fetches it
-    config = path / "config.json"
-    try:
-        data = json.loads(config.read_text())
-    except OSError:
-        raise ServeError(f"--model {model}: no config.json in it (a model folder has one)") from None
-    except ValueError as exc:
-        raise ServeError(f"--model {model}: config.json is not valid JSON: {exc}") from None
-    value = data.get("max_position_embeddings") if isinstance(data, dict) else None
-    return value if isinstance(value, int) and value > 0 else None
 
 
 # -- ctl ----------------------------------------------------------------------------------------------------
@@ -447,6 +272,10 @@ def ctl_request(args: argparse.Namespace) -> ControlRequest:
         request = PauseUnit(unit_id=args.unit)
     elif action == "drain":
         request = DrainUnit(unit_id=args.unit)
+    elif action == "fail-unit":
+        request = FailUnit(unit_id=args.unit, reason=args.reason)
+    elif action == "recover-unit":
+        request = RecoverUnit(unit_id=args.unit)
     else:
         request = ResumeUnit(unit_id=args.unit)
     if args.dry_run:
@@ -499,7 +328,8 @@ def render_reply(reply: OkReply) -> str:
         where = "dispatcher" if setting.unit_id is None else f"unit {setting.unit_id}"
         what = " ".join(x for x in (setting.policy, _params(setting.params), setting.mode or "") if x)
         targets.append(f"{where}: {what}")
-    return f"{payload.result}: {payload.action}: " + "; ".join(targets)
+    return f"{payload.result}: {payload.action}: " + "; ".join(targets) + (f" ({payload.message})" if payload.message
+                                                                             else "")
 
 
 def _params(params: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""Live control of a node: policy hot-swap, parameter changes, pause/drain/resume, with an audit trail.
+"""Live control of a node: policy hot-swap, parameter changes, pause/drain/resume, fail/recover, with an audit trail.
 
 The hot-swap contract (POLICIES.md section 5):
 
@@ -173,6 +173,28 @@ class NodeControl:
             return self._record("set_unit_mode", who, (unit_id,), {}, {"mode": mode}, exc)
         return self._record("set_unit_mode", who, (unit_id,), {"mode": old}, {"mode": mode}, None)
 
+    def fail_unit(self, unit_id: int, reason: str = "", *, who: str = "unknown") -> AuditRecord:
+        """Take one unit out as a failure would, until :meth:`recover_unit` (see ``ServedNode.fail_unit``); audited as
+        ``set_unit_mode`` to ``failed``, the reason (after who asked) in the unit's alert and the audit's note."""
+        why = f"failed by {who}" + (f": {reason}" if reason else "")
+        try:
+            index = self._indexes([unit_id])[0]
+            old = self.node.unit_modes[index]
+            self.node.fail_unit(unit_id, why)
+        except (ValueError, ControlError) as exc:
+            return self._record("set_unit_mode", who, (unit_id,), {}, {"mode": "failed"}, exc)
+        return self._record("set_unit_mode", who, (unit_id,), {"mode": old}, {"mode": "failed"}, None, note=why)
+
+    def recover_unit(self, unit_id: int, *, who: str = "unknown") -> AuditRecord:
+        """Bring a failed unit back, empty (see ``ServedNode.recover_unit``); audited as ``set_unit_mode`` from
+        ``failed`` to ``active``."""
+        try:
+            self._indexes([unit_id])
+            self.node.recover_unit(unit_id)
+        except (ValueError, ControlError) as exc:
+            return self._record("set_unit_mode", who, (unit_id,), {}, {"mode": "active"}, exc)
+        return self._record("set_unit_mode", who, (unit_id,), {"mode": "failed"}, {"mode": "active"}, None)
+
     def amend(self, record: AuditRecord, *, result: str | None = None, error: str | None = None,
               error_code: str | None = None, note: str | None = None) -> AuditRecord:
         """``record`` as it turned out once a live node's units answered: the audit log keeps the amended one."""
@@ -200,7 +222,7 @@ class NodeControl:
 
     def _record(
         self, action: str, who: str, unit_ids: Sequence[int], old: Mapping[str, Any], new: Mapping[str, Any],
-        error: Exception | None, dry_run: bool = False,
+        error: Exception | None, dry_run: bool = False, *, note: str | None = None,
     ) -> AuditRecord:
         if error is not None:
             code = getattr(error, "code", None) or _error_code(error)
@@ -209,7 +231,7 @@ class NodeControl:
         else:
             code, err, result = None, None, "dry_run" if dry_run else "applied"
         record = AuditRecord(
-            self.clock_ns(), who, action, tuple(unit_ids), dict(old), dict(new), result, err, code
+            self.clock_ns(), who, action, tuple(unit_ids), dict(old), dict(new), result, err, code, note
         )
         self.audit_log.append(record)
         if self.on_audit is not None:

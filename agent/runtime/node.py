@@ -407,9 +407,10 @@ class Node:
         if self.pending:
             self._dispatch()
 
-    def fail_unit(self, unit_id: int) -> int:
+    def fail_unit(self, unit_id: int, reason: str = "") -> int:
         """Simulate a unit fault now: its step in flight and its KV are lost, its requests go back to the
-        dispatcher with the tokens they produced (they recompute elsewhere). Returns how many moved back."""
+        dispatcher with the tokens they produced (they recompute elsewhere). Returns how many moved back;
+        ``reason`` goes to ``on_fault`` (default: a simulated fault)."""
         index = self.unit_index(unit_id)
         if self.unit_modes[index] == "failed":
             raise ValueError(f"unit {unit_id} has failed already")
@@ -429,7 +430,7 @@ class Node:
         for m in migrants:
             self._requeue(m, index, "fault")
         if self.on_fault is not None:
-            self.on_fault(unit_id, f"simulated fault ({len(migrants)} request(s) back to the dispatcher)")
+            self.on_fault(unit_id, f"{reason or 'simulated fault'} ({len(migrants)} request(s) back to the dispatcher)")
         self._dispatch()
         return len(migrants)
 

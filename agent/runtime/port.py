@@ -93,7 +93,7 @@ class ServedNode(Protocol):
 
     @property
     def unit_modes(self) -> Sequence[str]:
-        """Per unit, in unit order: ``active``, ``draining``, ``paused`` (or ``failed``, simulated only)."""
+        """Per unit, in unit order: ``active``, ``draining``, ``paused`` or ``failed``."""
         ...
 
     @property
@@ -131,6 +131,17 @@ class ServedNode(Protocol):
         ...
 
     def set_dispatcher(self, dispatcher: DispatchPolicy) -> None: ...
+
+    def fail_unit(self, unit_id: int, reason: str = "") -> int:
+        """Take a unit out as a failure would (mode ``failed``, ``on_fault``): its requests go back to the dispatcher
+        and on to other units; how many did. It stays failed until :meth:`recover_unit` (a live engine keeps
+        running and is not restarted meanwhile). ``ValueError`` when it has failed already."""
+        ...
+
+    def recover_unit(self, unit_id: int) -> None:
+        """Bring a failed unit back, empty (``on_recover``); a live unit whose engine is dead is restarted, which
+        completes in :meth:`LiveNode.settle`. ``ValueError`` when it has not failed."""
+        ...
 
 
 @runtime_checkable

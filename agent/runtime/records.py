@@ -78,6 +78,8 @@ class RequestState:
     rejected: bool = False
     refused_by: int | None = None
     """The unit whose batch policy refused the request at admission (it is then also ``rejected``)."""
+    refusal_reason: str = ""
+    """Why the node refused a request no dispatcher or unit refused (``pending_timeout``: no unit took it in time)."""
     num_rounds_waited: int = 0
     """Dispatch rounds the request was held back at the dispatcher (``PendingRequest.cycles_waited`` to policies)."""
 

@@ -42,11 +42,13 @@ from agent.telemetry import (
     ErrorCode,
     ErrorReply,
     Event,
+    FailUnit,
     ListPolicies,
     NodeHello,
     OkReply,
     PauseUnit,
     PolicyList,
+    RecoverUnit,
     Reply,
     RequestArrived,
     RequestDispatched,
@@ -236,7 +238,7 @@ class Hub:
                 policy = self.node.units[self.node.unit_index(state.refused_by)].policy.name
                 reason = "admission control"
             else:
-                policy, reason = self.node.dispatcher.name, "dispatcher"
+                policy, reason = self.node.dispatcher.name, state.refusal_reason or "dispatcher"
             event = RequestRefused(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.refused_by,
                                    policy=policy, reason=reason)
         else:
@@ -409,6 +411,10 @@ class Hub:
         if isinstance(request, PauseUnit | DrainUnit | ResumeUnit):
             mode = {PauseUnit: "paused", DrainUnit: "draining", ResumeUnit: "active"}[type(request)]
             return c.set_unit_mode(request.unit_id, mode, who=who)
+        if isinstance(request, FailUnit):
+            return c.fail_unit(request.unit_id, request.reason, who=who)
+        if isinstance(request, RecoverUnit):
+            return c.recover_unit(request.unit_id, who=who)
         raise TypeError(f"not a control action: {type(request).__name__}")
 
 
@@ -430,7 +436,7 @@ def audit_event(record: AuditRecord, node_id: str, control_id: str) -> ControlAu
         if record.old:
             old = [Setting(unit_id=targets[0], mode=record.old["mode"])]
         mode = record.new.get("mode")
-        new = [Setting(unit_id=targets[0], mode=mode if mode in ("active", "draining", "paused") else None)]
+        new = [Setting(unit_id=targets[0], mode=mode if mode in ("active", "draining", "paused", "failed") else None)]
     return ControlAudit(
         node_id=node_id, time_ns=record.time_ns, actor=record.who, control_id=control_id,
         action=record.action,  # type: ignore[arg-type]

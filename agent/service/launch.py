@@ -21,12 +21,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from agent.engine.vllm.config import UnitSettings
+from agent.engine.vllm.options import EngineOptions
 from agent.engine.vllm.placement import UnitPlacement
 from agent.engine.vllm.plan import FAKE_MODEL
-from agent.engine.vllm.unit import EngineOptions, VllmUnit
+from agent.engine.vllm.unit import ENGINE_HANG_S, VllmUnit
 from agent.runtime.port import LiveNode
-from agent.runtime.vllm.cluster import VllmCluster, backoff
+from agent.runtime.vllm.cluster import PENDING_TIMEOUT_S, VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode
+from agent.runtime.vllm.restarts import backoff
 from agent.service.hub import Hub
 from agent.service.server import AgentServer
 from agent.workload.types import RequestSpec
@@ -62,11 +64,18 @@ class VllmAgentConfig:
     tpot_slo_s: float = 0.05
     serve_openai: tuple[str, int] | None = None
     served_model_name: str | None = None
+    openai_args: tuple[str, ...] = ()
+    """``vllm serve`` front-end options for the OpenAI app as ``KEY=VALUE`` (``chat_template=FILE``...)."""
     requests: Sequence[RequestSpec] = field(default_factory=tuple)
     """A workload to replay (arrival times from the start of serving)."""
     seed: int = 0
     restart: bool = True
-    """Restart a unit whose engine died, with backoff (``agent.runtime.vllm.cluster.backoff``)."""
+    """Restart a unit whose engine died, with backoff (``agent.runtime.vllm.restarts.backoff``)."""
+    engine_hang_s: float | None = ENGINE_HANG_S
+    """An engine core that makes no step for this long while its unit has requests is killed and its unit failed
+    (``VllmUnit.hang_s``); None: never."""
+    pending_timeout_s: float | None = PENDING_TIMEOUT_S
+    """A request no unit took within this long is rejected (``VllmCluster.pending_timeout_s``); None: no limit."""
 
     @property
     def model_name(self) -> str:
@@ -91,8 +100,9 @@ def build_units(config: VllmAgentConfig) -> list[VllmUnit]:
                 max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
                 max_model_len=e.max_model_len, async_scheduling=e.async_scheduling,
                 num_blocks=config.fake_num_blocks, prefix_caching=e.enable_prefix_caching,
+                tokenizer=e.extra.get("skip_tokenizer_init") is False,
             ), "executor_class": FakeExecutor}
-        units.append(VllmUnit(i, engine, settings, **kwargs))
+        units.append(VllmUnit(i, engine, settings, hang_s=config.engine_hang_s, **kwargs))
     return units
 
 
@@ -138,7 +148,8 @@ async def run_agent(
             print(f"trackside agent: {len(config.requests) - len(requests)} requests longer than the model's "
                   f"{model_config.max_model_len} tokens left out", file=out)
         cluster = VllmCluster(units, dispatcher, ttft_slo_s=config.ttft_slo_s, tpot_slo_s=config.tpot_slo_s,
-                              restart_delays=backoff if config.restart else None)
+                              restart_delays=backoff if config.restart else None,
+                              pending_timeout_s=config.pending_timeout_s)
         node = LiveVllmNode(cluster, policies, requests=requests, vocab=int(model_config.get_vocab_size()),
                             seed=config.seed)
         served: LiveNode = node
@@ -150,9 +161,11 @@ async def run_agent(
                   f"batch policy {config.batch_policy}, dispatch {dispatcher.name}"
                   f"{f', {len(requests)} requests to replay' if requests else ''})", file=out, flush=True)
             if config.serve_openai is not None:
+                from agent.engine.vllm.openai_app import frontend_tokens
                 from agent.service.openai_server import OpenAIServer
 
-                openai = OpenAIServer(cluster, *config.serve_openai, model_name=config.model_name)
+                openai = OpenAIServer(cluster, *config.serve_openai, model_name=config.model_name,
+                                      frontend_args=frontend_tokens(config.openai_args), metrics=hub.metrics_text)
                 await openai.start()
                 print(f"trackside agent: OpenAI API at {openai.base_url}", file=out, flush=True)
             waits = [asyncio.create_task(stop.wait())]

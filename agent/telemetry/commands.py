@@ -79,6 +79,21 @@ class ResumeUnit(RequestBase, frozen=True, kw_only=True, tag="resume_unit"):
     unit_id: NonNegative
 
 
+class FailUnit(RequestBase, frozen=True, kw_only=True, tag="fail_unit"):
+    """Take the unit out as a failure would: it is ``failed``, its requests go on other units. A vLLM unit's
+    engine keeps running and is not restarted until :class:`RecoverUnit`."""
+
+    unit_id: NonNegative
+    reason: str = ""
+    """Said in the ``unit_failed`` alert and the unit's ``failure`` (after who asked)."""
+
+
+class RecoverUnit(RequestBase, frozen=True, kw_only=True, tag="recover_unit"):
+    """Bring a ``failed`` unit back (a vLLM unit whose engine is dead is restarted now); it rejoins empty."""
+
+    unit_id: NonNegative
+
+
 class Subscribe(RequestBase, frozen=True, kw_only=True, tag="subscribe"):
     """Start (or resume) the event stream on this connection. Read-only: no token needed."""
 
@@ -102,7 +117,7 @@ class Subscribe(RequestBase, frozen=True, kw_only=True, tag="subscribe"):
 
 ControlRequest = (
     Status | ListPolicies | SetBatchPolicy | SetDispatchPolicy | SetParams | DryRun | PauseUnit | DrainUnit
-    | ResumeUnit | Subscribe
+    | ResumeUnit | FailUnit | RecoverUnit | Subscribe
 )
 CONTROL_KINDS: Final = union_tags(ControlRequest)
 

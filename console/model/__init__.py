@@ -9,6 +9,7 @@ that nothing here imports the UI, the store or a socket.
 * :mod:`~console.model.series`, :mod:`~console.model.metrics`: time-bucketed series and the heatmap's metrics.
 * :mod:`~console.model.queries`, :mod:`~console.model.fleet`, :mod:`~console.model.render`: window summaries,
   trends, heatmap grids, the Overview's rows, formatting and colour scales.
+* :mod:`~console.model.placement`: units' GPUs and parallel sizes as labels (the Overview, the Heatmap).
 * :mod:`~console.model.steps`, :mod:`~console.model.slack`, :mod:`~console.model.stages`,
   :mod:`~console.model.policy_view`: what the Steps, Slack, Stages and Policies screens show.
 * :mod:`~console.model.playback`: the replay cursor (its clock injected).

@@ -1,15 +1,18 @@
 """The Overview's table as plain rows: one per node, one per unit under it, one per source without a node yet.
 
-Pure: a function of the state, tested without Textual; the table widget only draws the cells and colours the
-state column by :attr:`FleetRow.tone`.
+Pure: a function of the state, tested without Textual; the table widget only draws the cells (the columns that
+:func:`shown_columns` keeps: the GPU column only when some unit runs on GPUs) and colours the state column by
+:attr:`FleetRow.tone`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from console.model.metrics import HeatMetric
+from console.model.placement import clip, node_label, unit_label
 from console.model.queries import summary, trend
 from console.model.records import Connection, NodeInfo, UnitState
 from console.model.render import fmt_pair, fmt_pct, fmt_si, sparkline
@@ -20,9 +23,12 @@ Tone = Literal["ok", "warning", "error", "muted"]
 
 TREND_WIDTH: Final = 16
 """Sparkline columns (one bucket each)."""
+GPU_WIDTH: Final = 16
+"""The most characters of the GPU column (longer placements end in ``…``)."""
 
 COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("name", "node / unit"),
+    ("gpus", "GPUs"),
     ("state", "state"),
     ("policy", "policy"),
     ("tok_s", "tok/s"),
@@ -35,6 +41,11 @@ COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("ttft_trend", "TTFT p99 trend"),
 )
 """Column keys and headers, left to right."""
+
+_COLUMN_INDEX: Final = {key: i for i, (key, _) in enumerate(COLUMNS)}
+
+OPTIONAL_COLUMNS: Final = frozenset({"gpus"})
+"""Columns shown only when a row has something in them (a simulated fleet has no GPUs)."""
 
 _TONES: Final[dict[str, Tone]] = {
     Connection.LIVE: "ok",
@@ -62,6 +73,10 @@ class FleetRow:
     """One per :data:`COLUMNS` entry."""
     tone: Tone
 
+    def cell(self, key: str) -> str:
+        """The cell of the column ``key`` (a :data:`COLUMNS` key)."""
+        return self.cells[_COLUMN_INDEX[key]]
+
 
 def fleet_rows(state: ConsoleState, trend_width: int = TREND_WIDTH) -> list[FleetRow]:
     """Every node with its units (nodes in the order first seen), then sources that have no node yet."""
@@ -72,7 +87,7 @@ def fleet_rows(state: ConsoleState, trend_width: int = TREND_WIDTH) -> list[Flee
             rows.append(_unit_row(state, node, unit_id, trend_width))
     for info in state.sources.values():
         if not info.node_ids:
-            cells = (info.source, info.connection.value, info.detail, *("",) * (len(COLUMNS) - 3))
+            cells = (info.source, "", info.connection.value, info.detail, *("",) * (len(COLUMNS) - 4))
             rows.append(FleetRow(f"source:{info.source}", None, None, cells, _TONES.get(info.connection, "muted")))
     return rows
 
@@ -83,6 +98,7 @@ def _node_row(state: ConsoleState, node: NodeInfo, trend_width: int) -> FleetRow
     kv = [u.latest[HeatMetric.KV] for u in node.units.values() if HeatMetric.KV in u.latest]
     cells = (
         node.node_id,
+        clip(node_label(node), GPU_WIDTH),
         connection.value,
         node.dispatch_policy,
         fmt_si(s.out_tokens_per_s),
@@ -106,6 +122,7 @@ def _unit_row(state: ConsoleState, node: NodeInfo, unit_id: int, trend_width: in
         tone = "warning"
     cells = (
         f"  u{unit_id}",
+        clip(unit_label(unit), GPU_WIDTH),
         unit_state.value,
         unit.batch_policy,
         fmt_si(s.out_tokens_per_s),
@@ -118,3 +135,11 @@ def _unit_row(state: ConsoleState, node: NodeInfo, unit_id: int, trend_width: in
         sparkline(trend(state, node.node_id, unit_id, kind="ttft_p99", num_buckets=trend_width), trend_width),
     )
     return FleetRow(f"unit:{node.node_id}:{unit_id}", node.node_id, unit_id, cells, tone)
+
+
+def shown_columns(rows: Sequence[FleetRow]) -> tuple[int, ...]:
+    """The indexes into :data:`COLUMNS` to display for ``rows``: every column, less the optional ones that are
+    empty in every row."""
+    return tuple(
+        i for i, (key, _) in enumerate(COLUMNS) if key not in OPTIONAL_COLUMNS or any(row.cells[i] for row in rows)
+    )

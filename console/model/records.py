@@ -65,6 +65,12 @@ class UnitInfo:
     num_waiting: int = 0
     last_step_ns: int = 0
     """When its latest step started (0: none seen)."""
+    gpu_ids: tuple[int, ...] = ()
+    """The GPUs its engine runs on, from the hello (empty: simulated, or not said)."""
+    tensor_parallel_size: int = 0
+    """GPUs per pipeline stage (0: simulated, or not said)."""
+    pipeline_parallel_size: int = 0
+    """Pipeline stages (0: simulated, or not said)."""
 
 
 @dataclass(slots=True)

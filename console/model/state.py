@@ -10,6 +10,7 @@ What comes from where:
 
 * units' mode, batch policy and parameters, the dispatcher's policy: the hello, then applied ``audit`` events
   (a step's ``policy`` also updates its unit's policy);
+* units' placement (GPU ids, tensor and pipeline parallel sizes; :mod:`console.model.placement`): the hello;
 * heatmap series (:mod:`console.model.metrics`): KV use, batch size and available capacity from steps and from the
   dispatcher's ``unit_load`` snapshots; step time from steps; queued prefill tokens and PAB from ``unit_load``;
 * flow (rates, goodput, SLO attainment, TTFT/TPOT): output tokens are steps' decode tokens plus first tokens;
@@ -267,6 +268,9 @@ class ConsoleState:
             unit.batch_params = dict(status.batch_params)
             unit.num_blocks, unit.max_num_seqs = status.num_blocks, status.max_num_seqs
             unit.num_waiting = status.num_waiting
+            unit.gpu_ids = status.gpu_ids
+            unit.tensor_parallel_size = status.tensor_parallel_size
+            unit.pipeline_parallel_size = status.pipeline_parallel_size
         for gone in set(node.units) - listed:
             del node.units[gone]
 

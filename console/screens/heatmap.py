@@ -1,4 +1,5 @@
-"""Heatmap: one metric of every unit over time, a cursor with the cell's values, policy-change markers."""
+"""Heatmap: one metric of every unit over time (rows labelled with their GPUs where they run on GPUs), a cursor
+with the cell's values, policy-change markers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Header, Static
 
 from console.model.metrics import METRIC_SPECS, HeatMetric, next_metric
+from console.model.placement import unit_gpus
 from console.model.queries import cell, heatmap
 from console.model.state import ConsoleState
 from console.screens.base import StateScreen
@@ -86,7 +88,9 @@ class HeatmapScreen(StateScreen):
         view = self.query_one(HeatmapView)
         if state is None:
             return
-        view.set_extent(state.unit_keys(), state.newest_bucket, state.oldest_bucket, state.bucket_ns / 1e9)
+        view.set_extent(
+            state.unit_keys(), state.newest_bucket, state.oldest_bucket, state.bucket_ns / 1e9, unit_gpus(state)
+        )
         view.show(heatmap(state, self.metric, view.num_columns, view.last_bucket(), units=view.visible_units()))
         target = view.cursor_unit
         info = None if target is None else cell(state, target[0], target[1], view.cursor_at)

@@ -1,5 +1,5 @@
-"""Overview: every node and unit (state, policy, throughput, goodput, SLO attainment, TTFT/TPOT, trends) and the
-recent alerts."""
+"""Overview: every node and unit (GPUs where they run on GPUs, state, policy, throughput, goodput, SLO attainment,
+TTFT/TPOT, trends) and the recent alerts."""
 
 from __future__ import annotations
 

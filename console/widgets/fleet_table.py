@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
-from console.model.fleet import COLUMNS, FleetRow
+from console.model.fleet import COLUMNS, FleetRow, shown_columns
 
 
 class FleetTable(DataTable[Text]):
@@ -29,24 +29,31 @@ class FleetTable(DataTable[Text]):
         super().__init__(cursor_type="row", zebra_stripes=False, id=id)
         self.rows_shown: tuple[FleetRow, ...] = ()
         """The rows on display, in order."""
+        self.columns_shown: tuple[int, ...] = shown_columns(())
+        """The indexes into :data:`~console.model.fleet.COLUMNS` on display (an optional column only when a row
+        fills it)."""
 
     def on_mount(self) -> None:
         self._add_columns()
 
     def _add_columns(self) -> None:
-        for key, label in COLUMNS:
+        for i in self.columns_shown:
+            key, label = COLUMNS[i]
             self.add_column(label, key=key)
 
     def show_rows(self, rows: Sequence[FleetRow]) -> None:
-        """Display ``rows``: cells are updated in place while the set and order of rows stay the same; otherwise
-        the table is rebuilt, keeping the cursor on the same row key when it is still there."""
-        if [r.key for r in rows] != [r.key for r in self.rows_shown]:
+        """Display ``rows``: cells are updated in place while the set and order of rows and the columns stay the
+        same; otherwise the table is rebuilt, keeping the cursor on the same row key when it is still there."""
+        columns = shown_columns(rows)
+        if [r.key for r in rows] != [r.key for r in self.rows_shown] or columns != self.columns_shown:
+            self.columns_shown = columns
             self._rebuild(rows)
         else:
             for old, new in zip(self.rows_shown, rows, strict=True):
                 if old == new:
                     continue
-                for (column, _), before, after in zip(COLUMNS, old.cells, new.cells, strict=True):
+                for i in columns:
+                    column, before, after = COLUMNS[i][0], old.cells[i], new.cells[i]
                     if before != after or (column == "state" and old.tone != new.tone):
                         # Re-measuring a column walks all its cells: only when the new text is wider.
                         grows = cell_len(after) > self.columns[ColumnKey(column)].content_width
@@ -65,10 +72,12 @@ class FleetTable(DataTable[Text]):
         self.clear(columns=True)  # columns too: their widths fit the new rows, not every row ever shown
         self._add_columns()
         for row in rows:
-            self.add_row(
-                *(self._cell(row, column, text) for (column, _), text in zip(COLUMNS, row.cells, strict=True)),
-                key=row.key,
-            )
+            self.add_row(*(self._cell(row, COLUMNS[i][0], row.cells[i]) for i in self.columns_shown), key=row.key)
+        # Size the columns now: the table measures new rows only when it is next idle, and rows drawn before that
+        # keep their header-wide cells (``runni``) until a cell changes, which on a quiet agent may be never.
+        for i in self.columns_shown:
+            column = self.columns[ColumnKey(COLUMNS[i][0])]
+            column.content_width = max([column.content_width, *(cell_len(row.cells[i]) for row in rows)])
         keys = [r.key for r in rows]
         if current is not None and current.key in keys:
             self.move_cursor(row=keys.index(current.key), animate=False)

@@ -5,13 +5,14 @@ show (attributes down); moving the cursor posts :class:`HeatmapView.CursorMoved`
 answers with a new grid. Colours blend the component classes ``heatmap--low``, ``heatmap--mid`` and
 ``heatmap--high`` (theme variables in ``console.tcss``) over :data:`LEVELS` levels.
 
-Lines, top down: policy markers (``◆`` where an applied control action falls), one row per visible unit, the
-time axis (``^`` under the cursor's column), the legend.
+Lines, top down: policy markers (``◆`` where an applied control action falls), one row per visible unit (labelled
+``node-a  u0``, and ``gpu0,1`` after it when the unit runs on GPUs), the time axis (``^`` under the cursor's column),
+the legend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Final
 
 from rich.segment import Segment
@@ -24,13 +25,17 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from console.model.metrics import METRIC_SPECS, HeatMetric
+from console.model.placement import clip
 from console.model.records import HeatmapGrid
 from console.model.render import fmt_value, gradient_stop, scale_level, scale_range, time_axis
 
 LEVELS: Final = 10
 """Colour levels of the scale."""
 LABEL_WIDTH: Final = 12
-"""Columns taken by the unit labels on the left."""
+"""Columns taken by the unit labels on the left (node and unit), without GPUs."""
+GPU_WIDTH: Final = 10
+"""The most columns a unit's GPUs (``gpu0-3``) add to the labels: when some unit runs on GPUs, the labels widen by
+the longest, plus a space."""
 CHROME_LINES: Final = 3
 """Lines that are not unit rows: markers, axis, legend."""
 
@@ -106,6 +111,10 @@ class HeatmapView(Widget, can_focus=True):
         """What is drawn: the visible rows and columns."""
         self.units: Sequence[tuple[str, int]] = ()
         """Every unit that has a row, in order (the grid holds only the visible ones)."""
+        self.gpus: Mapping[tuple[str, int], str] = {}
+        """The GPUs of the units that run on GPUs (``0-3``), by ``(node_id, unit_id)``."""
+        self.label_width = LABEL_WIDTH
+        """Columns taken by the labels on the left: :data:`LABEL_WIDTH`, and room for the longest GPUs."""
         self.cursor_row = 0
         """Index into :attr:`units`."""
         self.cursor_bucket: int | None = None
@@ -121,7 +130,7 @@ class HeatmapView(Widget, can_focus=True):
     @property
     def num_columns(self) -> int:
         """Buckets that fit across."""
-        return max(1, self.size.width - LABEL_WIDTH)
+        return max(1, self.size.width - self.label_width)
 
     @property
     def num_visible_rows(self) -> int:
@@ -138,9 +147,20 @@ class HeatmapView(Widget, can_focus=True):
         """The cursor's bucket index (the newest when following)."""
         return self.newest if self.cursor_bucket is None else self.cursor_bucket
 
-    def set_extent(self, units: Sequence[tuple[str, int]], newest: int, oldest: int, bucket_s: float) -> None:
-        """The rows and the buckets there are; clamps the cursor and scrolls to keep it visible."""
+    def set_extent(
+        self,
+        units: Sequence[tuple[str, int]],
+        newest: int,
+        oldest: int,
+        bucket_s: float,
+        gpus: Mapping[tuple[str, int], str] | None = None,
+    ) -> None:
+        """The rows (and the GPUs of those that run on GPUs) and the buckets there are; clamps the cursor and
+        scrolls to keep it visible."""
         self.units, self.newest, self.oldest, self.bucket_s = units, newest, oldest, bucket_s
+        self.gpus = gpus or {}
+        longest = max((len(self._gpu_text(g)) for g in self.gpus.values()), default=-1)
+        self.label_width = LABEL_WIDTH + longest + 1
         self.cursor_row = min(max(0, self.cursor_row), max(0, len(units) - 1))
         if self.cursor_bucket is not None:
             self.cursor_bucket = max(oldest, self.cursor_bucket)
@@ -237,6 +257,11 @@ class HeatmapView(Widget, can_focus=True):
             segments = []
         return Strip(segments).adjust_cell_length(width, base).simplify()
 
+    @staticmethod
+    def _gpu_text(gpus: str) -> str:
+        """A unit's GPUs (``0-3``) as its label shows them: ``gpu0-3``, at most :data:`GPU_WIDTH` columns."""
+        return clip(f"gpu{gpus}", GPU_WIDTH)
+
     def _style(self, name: str) -> Style:
         return self.rich_style + self.get_component_rich_style(f"heatmap--{name}")
 
@@ -244,7 +269,7 @@ class HeatmapView(Widget, can_focus=True):
         return self.cursor_at - grid.first_bucket
 
     def _marker_line(self, grid: HeatmapGrid) -> list[Segment]:
-        segments = [Segment("policy Δ".ljust(LABEL_WIDTH), self._style("label"))]
+        segments = [Segment("policy Δ".ljust(self.label_width), self._style("label"))]
         marker, plain = self._style("marker"), self.rich_style
         segments.extend(
             Segment("◆", marker) if col in grid.markers else Segment(" ", plain) for col in range(grid.num_columns)
@@ -256,10 +281,13 @@ class HeatmapView(Widget, can_focus=True):
         unit_index = self.row_offset + index
         first_of_node = unit_index == 0 or self.units[unit_index - 1][0] != row.node_id
         name = row.node_id[: LABEL_WIDTH - 5] if first_of_node else ""
-        label = f"{name:<{LABEL_WIDTH - 5}} u{row.unit_id:<3}"
+        label = f"{name:<{LABEL_WIDTH - 5}} u{row.unit_id:<3}"[: LABEL_WIDTH - 1]
+        gpus = self.gpus.get((row.node_id, row.unit_id))
+        if gpus:
+            label += " " + self._gpu_text(gpus)
         is_cursor_row = unit_index == self.cursor_row
         label_style = self._style("cursor" if is_cursor_row else "node" if first_of_node else "label")
-        segments = [Segment(label[: LABEL_WIDTH - 1] + " ", label_style)]
+        segments = [Segment(label.ljust(self.label_width - 1) + " ", label_style)]
         spec = METRIC_SPECS[grid.metric]
         low, high = self._scale(grid)
         palette = self.palette()
@@ -290,7 +318,7 @@ class HeatmapView(Widget, can_focus=True):
         if 0 <= cursor_col < columns:
             axis[cursor_col] = "^"
         return [
-            Segment(f"{self.bucket_s:g}s/col".ljust(LABEL_WIDTH), self._style("label")),
+            Segment(f"{self.bucket_s:g}s/col".ljust(self.label_width), self._style("label")),
             Segment("".join(axis), self._style("axis")),
         ]
 
@@ -299,7 +327,7 @@ class HeatmapView(Widget, can_focus=True):
         low, high = self._scale(grid)
         palette = self.palette()
         segments = [
-            Segment(spec.label[: LABEL_WIDTH - 1].ljust(LABEL_WIDTH), self._style("label")),
+            Segment(spec.label[: self.label_width - 1].ljust(self.label_width), self._style("label")),
             Segment(fmt_value(low, spec.unit, spec.percent) + " ", self._style("axis")),
         ]
         for i in range(LEVELS):

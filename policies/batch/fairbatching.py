@@ -121,11 +121,13 @@ class FairBatching(BatchPolicy):
         if self._pab is None:
             # No step since the unit was last empty: the empty-unit budget (TTFT - a) / (b + c).
             self._empty_pab = self._empty_budget(cost)
-        budget = self.admission_budget_tokens()
-        if self.refuses_over_budget and budget is not None and prompt_tokens > budget:
+        if self.refuses_within(prompt_tokens, self.admission_budget_tokens()):
             return True
         self._accepted += prompt_tokens
         return False
+
+    def refuses_within(self, prompt_tokens: int, budget_tokens: float | None) -> bool:
+        return self.refuses_over_budget and budget_tokens is not None and prompt_tokens > budget_tokens
 
     def _empty_budget(self, cost: StepCoefficients) -> float:
         return (self._last_ttft_s - cost.a_s) / max(cost.b_s + cost.c_s, 1e-12)

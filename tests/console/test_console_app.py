@@ -22,6 +22,7 @@ from agent.telemetry import StepEvent
 from console.app import ConsoleApp
 from console.cli import main
 from console.feeds import FeedUpdate, LiveFeed, ReplayFeed
+from console.model.fleet import COLUMNS
 from console.model.metrics import HeatMetric
 from console.model.records import Connection
 from console.screens.heatmap import HeatmapScreen
@@ -78,12 +79,15 @@ def test_overview_lists_nodes_units_policies_and_alerts(store: Path) -> None:
                 "unit:node-b:0",
                 "unit:node-b:1",
             ]
-            assert rows["node:node-a"].cells[1:3] == ("replay", "least_loaded")
-            assert rows["unit:node-a:1"].cells[1:3] == ("running", "sarathi"), "the swap applied on replay"
-            assert rows["unit:node-a:0"].cells[2] == "vllm" and rows["node:node-b"].cells[2] == "pab"
-            assert rows["unit:node-b:0"].cells[2] == "fairbatching+pab"
-            assert rows["node:node-a"].cells[3] not in ("-", "0"), "throughput over the window"
-            assert "%" in rows["node:node-a"].cells[5] and "/" in rows["node:node-a"].cells[6]
+            node_a, unit_a1 = rows["node:node-a"], rows["unit:node-a:1"]
+            assert (node_a.cell("state"), node_a.cell("policy")) == ("replay", "least_loaded")
+            assert (unit_a1.cell("state"), unit_a1.cell("policy")) == ("running", "sarathi"), "the swap on replay"
+            assert rows["unit:node-a:0"].cell("policy") == "vllm" and rows["node:node-b"].cell("policy") == "pab"
+            assert rows["unit:node-b:0"].cell("policy") == "fairbatching+pab"
+            assert rows["node:node-a"].cell("tok_s") not in ("-", "0"), "throughput over the window"
+            assert "%" in rows["node:node-a"].cell("slo") and "/" in rows["node:node-a"].cell("ttft")
+            shown = [COLUMNS[i][0] for i in app.screen.query_one(FleetTable).columns_shown]
+            assert "gpus" not in shown and node_a.cell("gpus") == "", "simulated units: no GPU column"
             alerts = app.screen.query_one(AlertList)
             assert "slo_breach: unit 2 is missing its TPOT target" in text_of(alerts)
             assert "READ-ONLY" in app.sub_title and "replay" in app.sub_title and "2 nodes" in app.sub_title
@@ -335,7 +339,7 @@ def test_live_console_follows_an_agent_and_shows_it_reconnecting() -> None:
             table = app.screen.query_one(FleetTable)
 
             def row_states() -> dict[str, str]:
-                return {r.key: r.cells[1] for r in table.rows_shown}
+                return {r.key: r.cell("state") for r in table.rows_shown}
 
             await until(pilot, lambda: row_states().get("unit:test-node:1") == "running", "the agent's units")
             assert row_states()["node:test-node"] == "live"

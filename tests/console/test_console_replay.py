@@ -233,7 +233,7 @@ async def settled(pilot: Pilot[int], app: ConsoleApp, end_ns: int, what: str) ->
 
 
 def unit_policy(app: ConsoleApp, node: str, unit: int) -> str:
-    return {r.key: r.cells[2] for r in fleet_rows(app.state)}[f"unit:{node}:{unit}"]
+    return {r.key: r.cell("policy") for r in fleet_rows(app.state)}[f"unit:{node}:{unit}"]
 
 
 def test_a_replay_opens_at_its_end_and_seeks_back_and_forth_by_key(

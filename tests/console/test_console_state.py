@@ -343,7 +343,7 @@ def test_connection_states_come_from_the_feed() -> None:
     state = ConsoleState()
     state.set_connection("ws://a:1", Connection.CONNECTING)
     rows = fleet_rows(state)
-    assert [(r.key, r.cells[1]) for r in rows] == [("source:ws://a:1", "connecting")], "a source with no node yet"
+    assert [(r.key, r.cell("state")) for r in rows] == [("source:ws://a:1", "connecting")], "a source with no node yet"
     state.set_connection("ws://a:1", Connection.LIVE)
     state.apply([hello("a"), step(T0, node="a")], source="ws://a:1")
     node = state.nodes["a"]

@@ -1,13 +1,17 @@
 """Our channel out of (and into) vLLM's engine-core process: step records out, control in.
 
 vLLM drops extra fields of its own stats types on the way to the front end, so the scheduler talks to the
-agent over zmq (a vLLM dependency) with msgpack frames:
+agent over zmq (a vLLM dependency), one msgpack frame per typed message (:mod:`agent.engine.vllm.messages`):
 
-* out: the scheduler PUSHes one dict per step (``kind="step"``) and one per control reply
-  (``kind="control"``) to ``step_addr``, where the agent's unit (:mod:`agent.engine.vllm.unit`) binds an
-  asyncio PULL socket;
-* in: the scheduler binds a PULL socket on ``control_addr`` and polls it (never blocking) at the top of every
-  ``schedule()``; the agent connects a PUSH socket (:class:`ControlSender`).
+* out: the scheduler PUSHes a :class:`~agent.engine.vllm.messages.StepMessage` per step (``kind="step"``)
+  and a :class:`~agent.engine.vllm.messages.ControlReply` per control request (``kind="control"``) to
+  ``step_addr``, where the agent's unit (:mod:`agent.engine.vllm.unit`) binds an asyncio PULL socket and decodes
+  them (``decode_engine``);
+* in: the agent connects a PUSH socket (:class:`ControlSender`) and sends a
+  :data:`~agent.engine.vllm.messages.ControlRequest` (``op``: ``set_policy``, ``set_params``, ``ping``); the
+  scheduler binds a PULL socket on ``control_addr`` and polls it (never blocking) at the top of every
+  ``schedule()`` (:class:`ControlInbox`), getting each frame as a request or, when it does not decode, as the
+  :class:`~agent.engine.vllm.messages.FrameError` that says why.
 
 The sender side never blocks the engine: a full queue (the agent stopped reading) drops the record and
 counts it (``dropped``), which the next record carries. Without an address the sink keeps records in memory
@@ -22,15 +26,14 @@ from typing import Any, Protocol
 import msgspec
 import zmq
 
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder().decode
+from agent.engine.vllm.messages import ControlRequest, EngineMessage, FrameError, decode_control, encode
 
 HWM = 100_000
 """Records queued per socket before the sender drops (about a minute of steps at 1 kHz)."""
 
 
 class StepSink(Protocol):
-    def emit(self, record: dict[str, Any]) -> None: ...
+    def emit(self, record: EngineMessage) -> None: ...
 
     def close(self) -> None: ...
 
@@ -39,12 +42,12 @@ class MemorySink:
     """Keeps the last ``maxlen`` records (in-process engines, tests)."""
 
     def __init__(self, maxlen: int = 1_000_000) -> None:
-        self.records: deque[dict[str, Any]] = deque(maxlen=maxlen)
+        self.records: deque[EngineMessage] = deque(maxlen=maxlen)
 
-    def emit(self, record: dict[str, Any]) -> None:
+    def emit(self, record: EngineMessage) -> None:
         self.records.append(record)
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[EngineMessage]:
         out = list(self.records)
         self.records.clear()
         return out
@@ -64,11 +67,11 @@ class ZmqSink:
         self._sock.connect(addr)
         self.dropped = 0
 
-    def emit(self, record: dict[str, Any]) -> None:
+    def emit(self, record: EngineMessage) -> None:
         if self.dropped:
-            record["dropped_before"] = self.dropped
+            record = msgspec.structs.replace(record, dropped_before=self.dropped)
         try:
-            self._sock.send(_encode(record), zmq.NOBLOCK)
+            self._sock.send(encode(record), zmq.NOBLOCK)
         except zmq.Again:
             self.dropped += 1
             return
@@ -90,19 +93,18 @@ class ControlInbox:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(addr)
 
-    def poll(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def poll(self) -> list[ControlRequest | FrameError]:
+        """The requests that arrived, in order; a frame that does not decode comes as the error that says why."""
+        out: list[ControlRequest | FrameError] = []
         while True:
             try:
                 frame = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return out
             try:
-                message = _decode(frame)
-            except msgspec.DecodeError:
-                continue
-            if isinstance(message, dict):
-                out.append(message)
+                out.append(decode_control(frame))
+            except FrameError as exc:
+                out.append(exc)
 
     def close(self) -> None:
         self._sock.close()
@@ -116,8 +118,8 @@ class ControlSender:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(addr)
 
-    def send(self, message: dict[str, Any]) -> None:
-        self._sock.send(_encode(message))
+    def send(self, message: ControlRequest) -> None:
+        self._sock.send(encode(message))
 
     def close(self) -> None:
         self._sock.close()

@@ -1,7 +1,9 @@
 """A vLLM configuration that builds on a machine without a GPU (tests, the fake executor, smoke runs).
 
 A tiny Llama ``config.json`` (hidden 256, 2 layers, no weights) is the model and ``DeviceConfig("cpu")`` lets
-``VllmConfig`` be built at all (``LLM(...)`` cannot be on a CPU-only machine, ``shared/VLLM.md``).
+``VllmConfig`` be built at all (``LLM(...)`` cannot be on a CPU-only machine, ``shared/VLLM.md``). The model's
+folder also holds a tokenizer made here (:mod:`agent.engine.vllm.tiny_tokenizer`, with a chat template), loaded
+with ``tokenizer=True``: text prompts, chat and text back through vLLM's own front end.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from agent.engine.vllm.tiny_tokenizer import write_tokenizer
+
+TINY_VOCAB = 1024
+TINY_MAX_LEN = 16384
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "vocab_size": 1024, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "vocab_size": TINY_VOCAB, "max_position_embeddings": TINY_MAX_LEN, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
     "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16", "bos_token_id": 1,
     "eos_token_id": 2,
 }
@@ -31,16 +37,19 @@ def _env() -> None:
 def tiny_model_dir() -> str:
     folder = Path(tempfile.gettempdir()) / "trackside-tiny-llama"
     folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+    config = folder / f".config.json.{os.getpid()}.tmp"
+    config.write_text(json.dumps(TINY_LLAMA))
+    os.replace(config, folder / "config.json")
+    write_tokenizer(folder, TINY_VOCAB, TINY_MAX_LEN)
     return str(folder)
 
 
 @cache
-def _model_config(max_model_len: int) -> Any:
+def _model_config(max_model_len: int, tokenizer: bool = False) -> Any:
     _env()
     from vllm.config import ModelConfig
 
-    return ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
+    return ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=not tokenizer, max_model_len=max_model_len,
                        dtype="float16")
 
 
@@ -48,8 +57,9 @@ def cpu_vllm_config(*, max_num_batched_tokens: int = 512, max_num_seqs: int = 32
                     num_blocks: int = 400, max_model_len: int = 4096, prefix_caching: bool = False,
                     async_scheduling: bool = False, long_prefill_token_threshold: int = 0,
                     step_model: tuple[float, float, float] = (0.003, 2e-6, 1e-8),
-                    additional: dict[str, Any] | None = None) -> Any:
-    """A ``VllmConfig`` for the tiny model on the CPU; ``step_model`` is the fake executor's step time."""
+                    additional: dict[str, Any] | None = None, tokenizer: bool = False) -> Any:
+    """A ``VllmConfig`` for the tiny model on the CPU; ``step_model`` is the fake executor's step time;
+    ``tokenizer``: load the model's tokenizer (else token ids only, ``skip_tokenizer_init``)."""
     _env()
     from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 
@@ -61,7 +71,8 @@ def cpu_vllm_config(*, max_num_batched_tokens: int = 512, max_num_seqs: int = 32
     cache_cfg = CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching)
     cache_cfg.num_gpu_blocks = num_blocks
     extra = {"trackside_fake": {"num_blocks": num_blocks, "step_model": list(step_model)}, **(additional or {})}
-    return VllmConfig(model_config=_model_config(max_model_len), scheduler_config=sched, cache_config=cache_cfg,
+    return VllmConfig(model_config=_model_config(max_model_len, tokenizer), scheduler_config=sched,
+                      cache_config=cache_cfg,
                       device_config=DeviceConfig(device="cpu"), additional_config=extra)
 
 

@@ -191,12 +191,12 @@ def _parser() -> Any:
         def error(self, message: str) -> Any:  # argparse's documented override: raise instead of exit
             raise _ParseError(message.removeprefix("argument "))
 
-    with _describable_platform():
+    with describable_platform():
         return AsyncEngineArgs.add_cli_args(Parser(prog="--engine-arg", allow_abbrev=False, add_help=False))
 
 
 @contextmanager
-def _describable_platform() -> Iterator[None]:
+def describable_platform() -> Iterator[None]:
     """Where vLLM detects no device (this CUDA build on a machine without a GPU), its parser cannot be built: the
     default ``DeviceConfig`` fails to infer a device type. ``vllm bench`` switches to the CPU platform for that
     (``vllm/entrypoints/cli/main.py``); we name the CPU as the undetected platform's device type while the parser

@@ -16,13 +16,16 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
 
 KEY = "trackside_fake"
 TOKEN_ID = 7
+LOGPROBS_OF_ALL = 5
+"""Alternatives given to a request that asks for the logprobs of the whole vocabulary (``logprobs=-1``)."""
 
 
 class FakeExecutor(Executor):  # type: ignore[misc]
@@ -34,6 +37,8 @@ class FakeExecutor(Executor):  # type: ignore[misc]
         a, b, c = fake.get("step_model", (0.002, 2e-6, 1e-8))
         self._model = (float(a), float(b), float(c))
         self._progress: dict[str, list[int]] = {}
+        self._logprobs: dict[str, int] = {}
+        """Requests that asked for sample logprobs, and how many alternatives each."""
         """request id -> [known tokens, computed tokens]."""
         self._pending: ModelRunnerOutput | None = None
         self._spec = FullAttentionSpec(
@@ -76,8 +81,12 @@ class FakeExecutor(Executor):  # type: ignore[misc]
         progress = self._progress
         for rid in so.finished_req_ids:
             progress.pop(rid, None)
+            self._logprobs.pop(rid, None)
         for new in so.scheduled_new_reqs:
             progress[new.req_id] = [len(new.prompt_token_ids or ()), new.num_computed_tokens]
+            k = getattr(new.sampling_params, "logprobs", None)
+            if k is not None:
+                self._logprobs[new.req_id] = k if k >= 0 else LOGPROBS_OF_ALL
         cached = so.scheduled_cached_reqs
         resumed = getattr(cached, "resumed_req_ids", None) or set()
         for i, rid in enumerate(cached.req_ids):
@@ -103,7 +112,22 @@ class FakeExecutor(Executor):  # type: ignore[misc]
         if ids:
             time.sleep(a + b * so.total_num_scheduled_tokens + c * ctx)
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                 sampled_token_ids=sampled)
+                                 sampled_token_ids=sampled, logprobs=self._sample_logprobs(ids, sampled))
+
+    def _sample_logprobs(self, ids: list[str], sampled: list[list[int]]) -> LogprobsLists | None:
+        """Made-up logprobs for the sampled tokens when a request asked for them: the sampled token (rank 1, log
+        probability -0.1) and its ``k`` alternatives (the next token ids, ever less likely), as vLLM's sampler
+        lays them out (one row per sampled token, ``cu_num_generated_tokens`` the first row of each request)."""
+        if not any(rid in self._logprobs for rid in ids):
+            return None
+        k = max(self._logprobs.get(rid, 0) for rid in ids)
+        starts, rows = [], 0
+        for tokens in sampled:
+            starts.append(rows)
+            rows += len(tokens)
+        token_ids = np.tile(np.arange(TOKEN_ID, TOKEN_ID + k + 1, dtype=np.int32), (rows, 1))
+        logprobs = np.tile(np.array([-0.1] + [-1.0 - i for i in range(k)], dtype=np.float32), (rows, 1))
+        return LogprobsLists(token_ids, logprobs, np.ones(rows, dtype=np.int32), starts)
 
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
         out = self._pending = self._run(scheduler_output)

@@ -2,7 +2,7 @@
 
 :func:`resolve` turns what the operator asked for (:class:`NodeRequest`: the ``trackside agent`` flags, the
 ``--engine-arg`` lines and a node config file's, already merged into one list) into a :class:`NodePlan`: per unit
-its :class:`~agent.engine.vllm.placement.UnitPlacement` and the :class:`~agent.engine.vllm.unit.EngineOptions` its
+its :class:`~agent.engine.vllm.placement.UnitPlacement` and the :class:`~agent.engine.vllm.options.EngineOptions` its
 engine starts with. ``trackside agent --dry-run`` prints the plan (:func:`plan_json`); a real start runs it. No
 engine starts and no CUDA is touched here; typing the engine arguments imports vLLM (its own parser).
 
@@ -26,6 +26,7 @@ from agent.engine.vllm.engine_args import (
     shown,
     typed_values,
 )
+from agent.engine.vllm.options import EngineOptions, engine_kwargs
 from agent.engine.vllm.placement import (
     PlacementError,
     UnitPlacement,
@@ -34,7 +35,6 @@ from agent.engine.vllm.placement import (
     parse_gpus,
     place_units,
 )
-from agent.engine.vllm.unit import EngineOptions, engine_kwargs
 
 FAKE_MODEL = "tiny-llama-fake"
 """The fake executor's model (its served name)."""
@@ -150,6 +150,10 @@ def _resolve(r: NodeRequest) -> NodePlan:
         units.append(UnitPlan(p, _engine(r, p, dict(values.get(p.unit_id, common))), unit_args))
     loads_tokenizer = r.tokenizer or "tokenizer" in common
     tokenizer = str(common.get("tokenizer") or r.model) if loads_tokenizer else None
+    if r.fake_executor and r.tokenizer:
+        from agent.engine.vllm.cpu import tiny_model_dir
+
+        tokenizer = tiny_model_dir()  # the tiny model's own (made here: agent.engine.vllm.tiny_tokenizer)
     return NodePlan(units=tuple(units), fake_executor=r.fake_executor, gpu_ids=gpu_ids, tokenizer=tokenizer,
                     warnings=tuple(warnings))
 

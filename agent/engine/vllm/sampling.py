@@ -1,6 +1,6 @@
 """What a request asks of a vLLM unit and what it gets back, as plain data (no vLLM, no I/O).
 
-:func:`agent.engine.vllm.unit.sampling_params` turns a :class:`Sampling` into ``vllm.SamplingParams``; the unit
+:func:`agent.engine.vllm.options.sampling_params` turns a :class:`Sampling` into ``vllm.SamplingParams``; the unit
 reports each engine output as a :class:`TokenDelta`.
 """
 
@@ -42,3 +42,7 @@ class TokenDelta:
     """``length``, ``stop`` or ``abort`` on the last delta; None before."""
     stop_reason: int | str | None = None
     """The stop token id or string that ended the request, if one did."""
+    output: object | None = None
+    """The engine's own output for this delta (vLLM's ``RequestOutput``, ``DELTA`` kind: text, token ids,
+    logprobs), passed through untouched for vLLM's OpenAI front end (:mod:`agent.engine.vllm.engine_client`);
+    None for a delta made by the agent (the finish of a request whose unit died after its last token)."""

@@ -19,10 +19,14 @@ randomized request streams, sync and async). :class:`PolicyScheduler` subclasses
 ``async_scheduling=False``), :class:`PolicyAsyncScheduler` subclasses ``AsyncScheduler`` (the default: a
 plain ``Scheduler`` under the async loop decodes only every other step).
 
-Every step yields a step record (composition, measured and predicted time, KV, the plan's reasons) sent out
-of the engine-core process on a zmq PUSH socket (:mod:`agent.engine.vllm.channel`) or kept in memory; control
-messages (swap the policy, change parameters) arrive on a zmq PULL socket polled at the top of ``schedule()``,
-so a change always applies between two steps. An idle engine calls no ``schedule()``: the socket is also polled
+Every step yields a :class:`~agent.engine.vllm.messages.StepMessage` (composition, measured and predicted time,
+KV, the plan's reasons, the policy's admission budget) sent out of the engine-core process on a zmq PUSH socket
+(:mod:`agent.engine.vllm.channel`) or kept in memory; control requests
+(:data:`~agent.engine.vllm.messages.ControlRequest`: ``SetPolicy`` swaps the policy, ``SetParams`` changes
+parameters, ``Ping`` changes nothing) arrive on a zmq PULL socket polled at the top of ``schedule()``, so a change
+always applies between two steps. Each is answered with a :class:`~agent.engine.vllm.messages.ControlReply` on
+the step socket, refusals included; a frame that does not decode is answered with an error when its ``id`` can be
+read, and logged and skipped otherwise. An idle engine calls no ``schedule()``: the socket is also polled
 whenever the engine core reads the scheduler's pause state, which it does only to answer an
 ``is_scheduler_paused`` utility call (handled between two steps, on the engine core's thread). The agent sends
 one when it waits for a reply (``VllmUnit.reply``), so an idle engine applies a change at once.
@@ -35,6 +39,7 @@ scheduling sees counts one step late (vLLM's own behaviour).
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 from typing import Any
@@ -45,12 +50,15 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from agent.engine.vllm.channel import ControlInbox, StepSink, make_sink
 from agent.engine.vllm.config import UnitSettings, unit_settings
+from agent.engine.vllm.messages import ControlReply, ControlRequest, FrameError, Ping, SetParams, SetPolicy, StepMessage
 from policies.base import BatchPolicy
 from policies.cost.fit import OnlineStepModel
 from policies.cost.step_model import StepCoefficients
-from policies.params import ParamError
+from policies.params import ParamError, ParamValue
 from policies.registry import BATCH_POLICIES
 from policies.types import RequestView, StepFeedback, StepMode, StepPlan, UnitView
+
+log = logging.getLogger(__name__)
 
 DEFAULT_COEFFICIENTS = StepCoefficients(9.11e-3, 24.0e-6, 43.9e-9)
 """H100, Llama-3.1-8B, CUDA graphs (``shared/calibration``): the prior when a unit names none."""
@@ -339,33 +347,32 @@ class PolicySchedulerMixin:
         ))
         pab = self.ts_policy.admission_budget_tokens()
         # StepRecord's fields by name (agent.engine.vllm.unit.record_from), then extras (docs/records.md).
-        self.ts_sink.emit({
-            "kind": "step",
-            "unit_id": self.ts_unit_id,
-            "step_id": pending.index,
-            "start_s": now - measured,
-            "duration_s": measured,
-            "predicted_s": pending.predicted_s,
-            "mode": mode.value,
-            "policy": self.ts_policy.name,
-            "num_prefill_tokens": pre_tok,
-            "num_decode_tokens": dec_tok,
-            "num_prefill_reqs": pre_reqs,
-            "num_decode_reqs": dec_reqs,
-            "context_tokens": ctx,
-            "budget_tokens": int(plan.token_budget),
-            "kv_used_blocks": used_blocks,
-            "num_blocks": self.ts_num_blocks,
-            "num_running": len(self.running),
-            "num_waiting": len(self.waiting) + len(self.skipped_waiting),
-            "num_preempted": len(preempted),
-            "num_finished": len(finished_out),
-            "reasons": dict(plan.reasons),
-            "preempted": sorted(preempted),
-            "plan_us": round(pending.plan_s * 1e6, 1),
-            "admission_budget": pab,
-            "queued_prefill_tokens": self.ts_queued_tokens,
-        })
+        self.ts_sink.emit(StepMessage(
+            unit_id=self.ts_unit_id,
+            step_id=pending.index,
+            start_s=now - measured,
+            duration_s=measured,
+            predicted_s=pending.predicted_s,
+            mode=mode,
+            policy=self.ts_policy.name,
+            num_prefill_tokens=pre_tok,
+            num_decode_tokens=dec_tok,
+            num_prefill_reqs=pre_reqs,
+            num_decode_reqs=dec_reqs,
+            context_tokens=ctx,
+            budget_tokens=int(plan.token_budget),
+            kv_used_blocks=used_blocks,
+            num_blocks=self.ts_num_blocks,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting) + len(self.skipped_waiting),
+            num_preempted=len(preempted),
+            num_finished=len(finished_out),
+            reasons=dict(plan.reasons),
+            preempted=tuple(sorted(preempted)),
+            plan_us=round(pending.plan_s * 1e6, 1),
+            admission_budget=pab,
+            queued_prefill_tokens=self.ts_queued_tokens,
+        ))
 
     # -- control ----------------------------------------------------------------------------------
     @property
@@ -382,23 +389,31 @@ class PolicySchedulerMixin:
             for message in inbox.poll():
                 self._ts_control(message)
 
-    def _ts_control(self, message: dict[str, Any]) -> None:
-        op = message.get("op")
-        reply: dict[str, Any] = {"kind": "control", "id": message.get("id"), "unit_id": self.ts_unit_id, "ok": True}
-        try:
-            if op == "set_policy":
-                self.ts_policy = build_policy(str(message["name"]), dict(message.get("params") or {}))
-                reply["policy"] = self.ts_policy.name
-            elif op == "set_params":
-                reply["old"] = self.ts_policy.update_params(dict(message.get("changes") or {}))
-            elif op == "ping":
-                pass
+    def _ts_control(self, message: ControlRequest | FrameError) -> None:
+        """Apply a control request and answer it; a frame that did not decode is answered with its error when it
+        carried an id (otherwise nobody waits for an answer: logged and skipped)."""
+        if isinstance(message, FrameError):
+            if message.id is None:
+                log.warning("unit %d: control frame skipped: %s", self.ts_unit_id, message)
             else:
-                raise ParamError(f"unknown control op {op!r}")
-            reply["params"] = dict(self.ts_policy.params)
+                self.ts_sink.emit(ControlReply(unit_id=self.ts_unit_id, id=message.id, ok=False, error=str(message)))
+            return
+        policy = ""
+        old: dict[str, ParamValue] = {}
+        try:
+            match message:
+                case SetPolicy(name=name, params=params):
+                    self.ts_policy = build_policy(name, dict(params))
+                    policy = self.ts_policy.name
+                case SetParams(changes=changes):
+                    old = self.ts_policy.update_params(changes)
+                case Ping():
+                    pass
         except (ParamError, KeyError, TypeError, ValueError) as exc:
-            reply["ok"] = False
-            reply["error"] = str(exc)
+            reply = ControlReply(unit_id=self.ts_unit_id, id=message.id, ok=False, error=str(exc))
+        else:
+            reply = ControlReply(unit_id=self.ts_unit_id, id=message.id, ok=True, policy=policy, old=old,
+                                 params=dict(self.ts_policy.params))
         self.ts_sink.emit(reply)
 
     def shutdown(self) -> None:

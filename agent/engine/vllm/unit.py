@@ -12,7 +12,10 @@ not finished) into the :class:`~policies.types.UnitLoad` a dispatcher sees.
 process's sentinel and marks the engine dead; ``AsyncLLM.errored``) and fails every ``generate()`` with
 ``EngineDeadError``. A unit turns that into :class:`EngineFailed` for each of its requests and reports the failure
 once (:attr:`VllmUnit.on_failed`); a light watchdog (:meth:`VllmUnit.watch`, every ``watch_interval_s``) asks
-``AsyncLLM.errored`` and the process's exit code too, so that an idle unit's death is seen as well.
+``AsyncLLM.errored`` and the process's exit code too, so that an idle unit's death is seen as well. The watchdog
+also finds a **hung** engine core (alive, but no step, no finish and no new token for ``hang_s`` while the unit
+has requests and is not paused: :class:`StallClock`): it kills the process (SIGKILL) and fails the unit, which then
+goes the way of a dead one.
 :meth:`VllmUnit.restart` starts a fresh engine in its place (built in a thread: the event loop keeps serving).
 
 What a unit keeps (:attr:`VllmUnit.records`, :attr:`VllmUnit.raw`, :attr:`VllmUnit.outcomes`) is bounded
@@ -23,15 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import os
 import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -39,13 +44,17 @@ from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.channel import ControlSender
 from agent.engine.vllm.config import KEY, UnitSettings
 from agent.engine.vllm.history import History
+from agent.engine.vllm.messages import ControlReply, ControlRequest, FrameError, StepMessage, decode_engine
+from agent.engine.vllm.options import EngineOptions, engine_kwargs, resumed_params, sampling_params
 from agent.engine.vllm.sampling import Sampling, TokenDelta
-from policies.types import RunningRequest, StepMode, UnitLoad
+from policies.types import RunningRequest, UnitLoad
 
-_decode = __import__("msgspec").msgpack.Decoder().decode
+log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.1
 """How often a unit's watchdog looks at its engine core (an engine-core death is reported within about this)."""
+ENGINE_HANG_S = 60.0
+"""How long an engine core may make no progress while its unit has requests before the unit's watchdog kills it."""
 HISTORY = 20_000
 """Step records, raw step messages and outcomes a unit keeps by default (each; the oldest go first)."""
 MAX_UNCLAIMED_REPLIES = 1024
@@ -59,67 +68,6 @@ class EngineFailed(RuntimeError):
         super().__init__(f"unit {unit_id}: {reason}")
         self.unit_id = unit_id
         self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class EngineOptions:
-    """How to start the vLLM engine of a unit (``vllm.AsyncEngineArgs`` fields we set)."""
-
-    model: str
-    load_format: str = "auto"
-    """``dummy``: random weights from a folder with only ``config.json`` (real kernels, real step times)."""
-    gpu_memory_utilization: float = 0.9
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 512
-    max_model_len: int = 16384
-    enforce_eager: bool = False
-    async_scheduling: bool = True
-    enable_prefix_caching: bool = True
-    attention_backend: str | None = None
-    plain: bool = False
-    """vLLM's own scheduler, no trackside policy (a baseline)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Further ``AsyncEngineArgs`` fields."""
-
-
-def engine_kwargs(options: EngineOptions, trackside: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``vllm.AsyncEngineArgs`` fields a unit's engine starts with: ``options``, our policy scheduler (unless
-    ``plain``) and ``trackside`` (the unit's settings, ``additional_config``), then ``options.extra`` over them."""
-    from agent.engine.vllm.scheduler import SCHEDULER_PATHS
-
-    o = options
-    kwargs: dict[str, Any] = dict(
-        model=o.model, load_format=o.load_format, gpu_memory_utilization=o.gpu_memory_utilization,
-        max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
-        max_model_len=o.max_model_len, enforce_eager=o.enforce_eager, async_scheduling=o.async_scheduling,
-        enable_prefix_caching=o.enable_prefix_caching, skip_tokenizer_init=True, disable_log_stats=True,
-    )
-    if o.attention_backend:
-        kwargs["attention_backend"] = o.attention_backend
-    if not o.plain:
-        kwargs["scheduler_cls"] = SCHEDULER_PATHS[o.async_scheduling]
-        kwargs.update(trackside or {})
-    kwargs.update(o.extra)
-    return kwargs
-
-
-def sampling_params(max_tokens: int, sampling: Sampling | None = None,
-                    extra_args: dict[str, Any] | None = None) -> Any:
-    """The ``vllm.SamplingParams`` of a request; raises ``ValueError`` (vLLM's validation) for bad values."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    s = sampling or Sampling()
-    optional = {
-        name: getattr(s, name)
-        for name in ("temperature", "top_p", "top_k", "seed", "min_tokens", "presence_penalty",
-                     "frequency_penalty", "repetition_penalty")
-        if getattr(s, name) is not None
-    }
-    if s.stop_token_ids:
-        optional["stop_token_ids"] = list(s.stop_token_ids)
-    return SamplingParams(max_tokens=max_tokens, ignore_eos=s.ignore_eos, detokenize=s.detokenize,
-                          output_kind=RequestOutputKind.DELTA, extra_args=extra_args, **optional)
 
 
 @dataclass(slots=True)
@@ -139,20 +87,46 @@ class _Live:
     """Output tokens produced before the request came to this unit (migrated by recompute)."""
     migrating: bool = False
     """Migrated here by recompute and its first token here not yet out (the target recomputes its KV)."""
+    params: Any = None
+    """The front end's ``vllm.SamplingParams`` (vLLM's OpenAI app), used instead of ``sampling`` when given."""
 
 
-def record_from(msg: dict[str, Any]) -> StepRecord:
+class StallClock:
+    """How long an engine has made no progress while it had work; pure (the caller passes the time and what it saw).
+
+    Progress is a new step record, a finished request, or more output tokens for a request it had at the last look
+    (a request that arrived or left is none: a hung engine takes requests into its queue and lets aborts pile up).
+    """
+
+    def __init__(self) -> None:
+        self._counts: tuple[int, int] | None = None
+        self._outputs: dict[str, int] = {}
+        self._since_s: float | None = None
+        self._busy = False
+
+    def stalled_s(self, now_s: float, *, steps: int, finished: int, outputs: dict[str, int], busy: bool) -> float:
+        """Seconds without progress up to ``now_s`` while ``busy`` (0 when idle or just progressed): ``steps`` and
+        ``finished`` count step records and finished requests ever, ``outputs`` the tokens of each request in
+        flight."""
+        last = self._outputs
+        progressed = (steps, finished) != self._counts or any(n > last.get(rid, n) for rid, n in outputs.items())
+        self._counts, self._outputs = (steps, finished), outputs
+        if progressed or not (busy and self._busy) or self._since_s is None:
+            self._since_s = now_s  # the clock runs from the first look at which it had work
+        self._busy = busy
+        return now_s - self._since_s
+
+
+def record_from(msg: StepMessage) -> StepRecord:
     """A step record from the scheduler's message (:mod:`agent.engine.vllm.scheduler`)."""
     return StepRecord(
-        unit_id=int(msg["unit_id"]), step_id=int(msg["step_id"]), start_s=float(msg["start_s"]),
-        duration_s=float(msg["duration_s"]), predicted_s=float(msg["predicted_s"]), mode=StepMode(msg["mode"]),
-        policy=str(msg["policy"]), num_prefill_tokens=int(msg["num_prefill_tokens"]),
-        num_decode_tokens=int(msg["num_decode_tokens"]), num_prefill_reqs=int(msg["num_prefill_reqs"]),
-        num_decode_reqs=int(msg["num_decode_reqs"]), context_tokens=int(msg["context_tokens"]),
-        budget_tokens=int(msg["budget_tokens"]), kv_used_blocks=int(msg["kv_used_blocks"]),
-        num_blocks=int(msg["num_blocks"]), num_running=int(msg["num_running"]), num_waiting=int(msg["num_waiting"]),
-        num_preempted=int(msg["num_preempted"]), num_finished=int(msg["num_finished"]),
-        reasons=dict(msg.get("reasons") or {}),
+        unit_id=msg.unit_id, step_id=msg.step_id, start_s=msg.start_s, duration_s=msg.duration_s,
+        predicted_s=msg.predicted_s, mode=msg.mode, policy=msg.policy, num_prefill_tokens=msg.num_prefill_tokens,
+        num_decode_tokens=msg.num_decode_tokens, num_prefill_reqs=msg.num_prefill_reqs,
+        num_decode_reqs=msg.num_decode_reqs, context_tokens=msg.context_tokens, budget_tokens=msg.budget_tokens,
+        kv_used_blocks=msg.kv_used_blocks, num_blocks=msg.num_blocks, num_running=msg.num_running,
+        num_waiting=msg.num_waiting, num_preempted=msg.num_preempted, num_finished=msg.num_finished,
+        reasons=dict(msg.reasons),
     )
 
 
@@ -161,7 +135,7 @@ class VllmUnit:
 
     def __init__(self, unit_id: int, options: EngineOptions, settings: UnitSettings | None = None, *,
                  vllm_config: Any = None, executor_class: Any = None, ipc_dir: str | None = None,
-                 history: int = HISTORY) -> None:
+                 history: int = HISTORY, hang_s: float | None = ENGINE_HANG_S) -> None:
         self.unit_id = unit_id
         self.options = options
         self._own_ipc = ipc_dir is None
@@ -184,13 +158,15 @@ class VllmUnit:
         self._reader: asyncio.Task[None] | None = None
         self.records: History[StepRecord] = History(history)
         """The last ``history`` step records (indexes count from the first record ever: ``records[mark:]``)."""
-        self.raw: History[dict[str, Any]] = History(history)
+        self.raw: History[StepMessage] = History(history)
         """The step messages as received (with the scheduler's extra fields: plan time, PAB...), as ``records``."""
-        self.last: dict[str, Any] | None = None
+        self.last: StepMessage | None = None
+        """The last step message (None before the first, and after a restart)."""
         self.live: dict[str, _Live] = {}
         self.outcomes: History[RequestOutcome] = History(history)
         """The last ``history`` outcomes (the requests that finished, aborted ones have none)."""
-        self.control_replies: dict[Any, dict[str, Any]] = {}
+        self.control_replies: dict[str, ControlReply] = {}
+        """Replies to control requests nobody has claimed yet (:meth:`reply`), by request id."""
         self.on_step: Callable[[VllmUnit, StepRecord], None] | None = None
         self.on_finish: Callable[[VllmUnit, RequestOutcome], None] | None = None
         self.on_first_token: Callable[[VllmUnit, str], None] | None = None
@@ -200,6 +176,11 @@ class VllmUnit:
         self.failure: str | None = None
         """Why the engine core is dead (None while it runs)."""
         self.watch_interval_s = WATCH_INTERVAL_S
+        self.hang_s = hang_s
+        """An engine core that makes no progress (:class:`StallClock`) for this long while the unit has requests and
+        is not paused is hung: the watchdog kills it (SIGKILL) and fails the unit. None: never."""
+        self.paused = False
+        """Paused (:meth:`pause`): it makes no steps on purpose, which is no hang."""
         self._watchdog: asyncio.Task[None] | None = None
         self.submitted_prompt_since_record = 0
         self._step_time_sum = 0.0
@@ -234,6 +215,7 @@ class VllmUnit:
         self.last = None
         self.submitted_prompt_since_record = 0
         self.failure = None
+        self.paused = False
         if self._config_template is not None:
             self._vllm_config = copy.deepcopy(self._config_template)
         self._open_steps()
@@ -335,19 +317,45 @@ class VllmUnit:
             asyncio.get_running_loop().call_soon(self.on_failed, self, reason)
 
     async def watch(self) -> None:
-        """The watchdog: look at the engine core every ``watch_interval_s`` until it is found dead."""
+        """The watchdog: look at the engine core every ``watch_interval_s`` until it is found dead, or hung (no
+        progress for ``hang_s`` with requests in flight: then it is killed first, :meth:`kill_hung`)."""
+        stall = StallClock()
         while self.failure is None:
             await asyncio.sleep(self.watch_interval_s)
             reason = self.check_engine()
+            if reason is None and self.hang_s:
+                stalled_s = stall.stalled_s(
+                    time.monotonic(), steps=len(self.records), finished=len(self.outcomes),
+                    outputs={rid: live.outputs for rid, live in self.live.items()},
+                    busy=bool(self.live) and not self.paused,
+                )
+                if stalled_s >= self.hang_s:
+                    reason = self.kill_hung(stalled_s)
             if reason is not None:
                 self._fail(reason)
+
+    def kill_hung(self, stalled_s: float) -> str:
+        """Kill the engine-core process (SIGKILL: a stopped or stuck process cannot refuse it); why, for the unit's
+        failure. vLLM then sees the process gone and fails its requests, as for any dead engine."""
+        what = f"engine core hung: no step for {stalled_s:.1f} s with {len(self.live)} request(s) in flight"
+        proc = self._engine_process()
+        if proc is None:
+            return what
+        try:
+            proc.kill()
+        except (OSError, ValueError) as exc:  # gone already, or a process object that cannot signal it
+            return f"{what}; killing process {proc.pid} failed: {exc}"
+        return f"{what}; process {proc.pid} killed"
 
     async def _read_steps(self) -> None:
         sock = self._steps_sock
         while True:
-            msg = _decode(await sock.recv())
-            kind = msg.get("kind")
-            if kind == "step":
+            try:
+                msg = decode_engine(await sock.recv())
+            except FrameError as exc:
+                log.warning("unit %d: engine frame skipped: %s", self.unit_id, exc)
+                continue
+            if isinstance(msg, StepMessage):
                 rec = record_from(msg)
                 self.raw.append(msg)
                 self.records.append(rec)
@@ -356,18 +364,18 @@ class VllmUnit:
                 self.submitted_prompt_since_record = 0
                 if self.on_step is not None:
                     self.on_step(self, rec)
-            elif kind == "control":
+            else:
                 replies = self.control_replies
-                replies[msg.get("id")] = msg
+                replies[msg.id] = msg
                 if len(replies) > MAX_UNCLAIMED_REPLIES:
                     del replies[next(iter(replies))]
 
     # -- control ----------------------------------------------------------------------------------
-    async def control(self, message: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
-        """Send a control message and return the engine's reply (:meth:`reply`)."""
-        return await self.reply(self.send_control(message), timeout_s, what=str(message.get("op")))
+    async def control(self, message: ControlRequest, timeout_s: float = 30.0) -> ControlReply:
+        """Send a control request and return the engine's reply (:meth:`reply`)."""
+        return await self.reply(self.send_control(message), timeout_s, what=str(message.__struct_config__.tag))
 
-    async def reply(self, mid: str, timeout_s: float = 30.0, *, what: str = "control message") -> dict[str, Any]:
+    async def reply(self, mid: str, timeout_s: float = 30.0, *, what: str = "control message") -> ControlReply:
         """The engine's reply to the control message ``mid`` (:meth:`send_control`), once it has applied it.
 
         A busy engine applies control messages at the top of its next ``schedule()``. An idle one calls no
@@ -390,6 +398,7 @@ class VllmUnit:
 
     async def pause(self) -> None:
         """Stop stepping; requests stay in the engine, their KV kept (vLLM's ``pause_generation(mode="keep")``)."""
+        self.paused = True
         if self.llm is not None:
             await self.llm.pause_generation(mode="keep", clear_cache=False)
 
@@ -397,20 +406,23 @@ class VllmUnit:
         """Step again after :meth:`pause`."""
         if self.llm is not None:
             await self.llm.resume_generation()
+        self.paused = False
 
-    def send_control(self, message: dict[str, Any]) -> str:
-        """Send a control message without waiting; its reply lands in :attr:`control_replies` under the id."""
+    def send_control(self, message: ControlRequest) -> str:
+        """Send a control request without waiting (with a fresh ``id``, returned); its reply lands in
+        :attr:`control_replies` under that id."""
         if self._control is None:
             raise RuntimeError("a plain vLLM unit takes no control messages")
         mid = uuid.uuid4().hex
-        self._control.send({**message, "id": mid})
+        self._control.send(msgspec.structs.replace(message, id=mid))
         return mid
 
     # -- requests ---------------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, *, arrival_s: float,
                ttft_slo_s: float, tpot_slo_s: float, sampling: Sampling | None = None,
                on_output: Callable[[TokenDelta], None] | None = None, prompt_tokens: int | None = None,
-               prior_outputs: int = 0, first_token_s: float | None = None) -> asyncio.Task[RequestOutcome]:
+               prior_outputs: int = 0, first_token_s: float | None = None,
+               params: Any = None) -> asyncio.Task[RequestOutcome]:
         """Start a request; the task ends with its outcome (the unit also keeps it in :attr:`outcomes`).
 
         ``on_output`` sees every output that adds tokens or finishes the request, in order. Cancelling the task
@@ -420,12 +432,16 @@ class VllmUnit:
         original prompt plus the ``prior_outputs`` tokens it produced elsewhere as ``prompt_token_ids``, the
         tokens it still has to produce as ``max_tokens`` and its original ``first_token_s``; its outcome counts
         the original prompt and every output token, and no first-token report is made again.
+
+        ``params``: a front end's ``vllm.SamplingParams`` (text, stop strings, logprobs...), used instead of
+        ``sampling`` (see :func:`resumed_params`); each delta then carries the engine's ``RequestOutput``.
         """
         now = time.time()
         resumed = prompt_tokens is not None
         live = self.live[request_id] = _Live(
             arrival_s, prompt_tokens if prompt_tokens is not None else len(prompt_token_ids), max_tokens,
             ttft_slo_s, tpot_slo_s, now, sampling, on_output, first_token_s, prior_outputs, prior_outputs, resumed,
+            params,
         )
         self.submitted_prompt_since_record += len(prompt_token_ids)
         task = asyncio.get_running_loop().create_task(self._run(request_id, prompt_token_ids))
@@ -448,10 +464,11 @@ class VllmUnit:
         from vllm import TokensPrompt
 
         live = self.live[request_id]
-        params = sampling_params(
-            live.max_tokens, live.sampling,
-            {"ttft_slo_s": live.ttft_slo_s, "tpot_slo_s": live.tpot_slo_s, "arrival_s": live.arrival_s},
-        )
+        slos = {"ttft_slo_s": live.ttft_slo_s, "tpot_slo_s": live.tpot_slo_s, "arrival_s": live.arrival_s}
+        if live.params is not None:
+            params = resumed_params(live.params, live.max_tokens, live.prior_outputs, slos)
+        else:
+            params = sampling_params(live.max_tokens, live.sampling, slos)
         finish = None
         try:
             # Read to the end: leaving generate() early (break) makes vLLM abort the finished request.
@@ -470,7 +487,8 @@ class VllmUnit:
                 on_output = live.on_output  # read each time: a migration detaches it
                 if on_output is not None and first is not None and (n or out.finished):
                     on_output(TokenDelta(tuple(first.token_ids), first.text or "",
-                                         first.finish_reason if out.finished else None, first.stop_reason))
+                                         first.finish_reason if out.finished else None, first.stop_reason,
+                                         out if live.params is not None else None))
         finally:
             if self.live.get(request_id) is live:  # a request that migrated back here meanwhile is not ours
                 del self.live[request_id]
@@ -502,25 +520,33 @@ class VllmUnit:
         """What a dispatcher sees: the last step record, corrected by what the front end knows since;
         ``with_requests`` fills ``requests`` (:meth:`requests`)."""
         resident = len(self.live)
-        last = self.last or {}
-        running = min(int(last.get("num_running", 0)), resident)
-        used = int(last.get("kv_used_blocks", 0))
+        last = self.last
+        if last is None:
+            running = used = queued = inflight = 0
+            last_step_s: float | None = None
+            pab: float | None = None
+        else:
+            running = min(last.num_running, resident)
+            used = last.kv_used_blocks
+            queued = last.queued_prefill_tokens
+            inflight = last.num_prefill_tokens + last.num_decode_tokens
+            last_step_s = last.duration_s
+            # An idle engine does not step, so its last PAB is stale (it was measured under load): report none,
+            # which a budget balancer treats as an idle unit's (unbounded). Seen on the H100: `pab` sent 2,996 of
+            # 3,000 requests to the unit that kept stepping.
+            pab = last.admission_budget if resident else None
         steps = len(self.records)
-        queued = int(last.get("queued_prefill_tokens", 0)) + self.submitted_prompt_since_record
-        # An idle engine does not step, so its last PAB is stale (it was measured under load): report none, which
-        # a budget balancer treats as an idle unit's (unbounded). Seen on the H100: `pab` sent 2,996 of 3,000
-        # requests to the unit that kept stepping.
-        pab = last.get("admission_budget") if resident else None
+        queued += self.submitted_prompt_since_record
         requests = self.requests() if with_requests else ()
         return UnitLoad(
             unit_id=self.unit_id, healthy=healthy, num_running=running, num_waiting=resident - running,
             kv_used_blocks=used, num_blocks=self.num_blocks, kv_tokens=used * self.block_size,
             queued_prefill_tokens=queued,
-            last_step_s=float(last["duration_s"]) if "duration_s" in last else None,
+            last_step_s=last_step_s,
             mean_step_s=self._step_time_sum / steps if steps else None,
-            prefill_admission_budget=None if pab is None else float(pab) - self.submitted_prompt_since_record,
+            prefill_admission_budget=None if pab is None else pab - self.submitted_prompt_since_record,
             max_num_seqs=self.options.max_num_seqs, steps_done=steps, busy=resident > 0,
-            inflight_tokens=int(last.get("num_prefill_tokens", 0)) + int(last.get("num_decode_tokens", 0)),
+            inflight_tokens=inflight,
             chunk_tokens=self.options.max_num_batched_tokens, block_size=self.block_size,
             migrations_inflight=sum(r.migrating for r in requests), requests=requests,
         )

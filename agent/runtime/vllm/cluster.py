@@ -30,8 +30,18 @@ failed (:attr:`VllmCluster.failed`): it is closed and the observer hears of it (
 requests are evacuated: each goes back to the front of the dispatcher's queue with the tokens it produced, and the
 unit the dispatcher places it on gets it by the same recompute path as a migration (reason ``unit_failed``), so its
 stream goes on. With no unit left to take it, a request waits at the dispatcher (or the dispatcher rejects it).
-With ``restart_delays`` (a backoff, :func:`backoff`), a failed unit is restarted after each delay in turn until a
-fresh engine starts (:meth:`~agent.engine.vllm.unit.VllmUnit.restart`); it then rejoins, empty (``unit_restarted``).
+With ``restart_delays`` (a backoff, :func:`~agent.runtime.vllm.restarts.backoff`), a failed unit is restarted after
+each delay in turn until a fresh engine starts (:meth:`~agent.engine.vllm.unit.VllmUnit.restart`); it then rejoins,
+empty (``unit_restarted``).
+A unit whose engine hangs is killed by its own watchdog and goes the same way.
+
+**On request** (the control plane's ``fail_unit``/``recover_unit``): :meth:`VllmCluster.fail_unit` takes a unit out
+exactly as a failure does (closed, ``unit_failed``, its requests evacuated) but leaves its engine running and does
+not restart it; :meth:`VllmCluster.recover_unit` lets it rejoin (``unit_recovered``), or, when its engine is dead
+(it died meanwhile, or a failure's backoff is under way), restarts it now (``unit_restarted``).
+
+**Pending timeout**: a request that waited at the dispatcher ``pending_timeout_s`` (no unit took it: every unit
+failed or closed, or a dispatcher that holds it) is rejected (:class:`~agent.runtime.vllm.requests.PendingTimeout`).
 """
 
 from __future__ import annotations
@@ -49,23 +59,19 @@ from agent.engine.vllm.unit import EngineFailed, VllmUnit
 from agent.runtime.vllm.requests import (
     ClusterObserver,
     ClusterRequest,
+    PendingTimeout,
     RequestAborted,
     RequestRejected,
     RequestStream,
 )
+from agent.runtime.vllm.restarts import Restarts
 from policies.base import DispatchPolicy
 from policies.types import Migration, PendingRequest
 
 log = logging.getLogger(__name__)
 
-
-def backoff(first_s: float = 1.0, factor: float = 2.0, max_s: float = 60.0) -> Iterator[float]:
-    """Delays before each restart attempt of a failed unit: ``first_s``, then ``factor`` times longer, at most
-    ``max_s``, without end."""
-    delay = first_s
-    while True:
-        yield delay
-        delay = min(max_s, delay * factor)
+PENDING_TIMEOUT_S = 30.0
+"""How long a request may wait at the dispatcher for a unit by default before it is rejected."""
 
 
 class VllmCluster:
@@ -74,7 +80,8 @@ class VllmCluster:
     def __init__(self, units: Sequence[VllmUnit], dispatcher: DispatchPolicy, *, ttft_slo_s: float,
                  tpot_slo_s: float, clock: Callable[[], float] = time.time, max_migrations: int = 8,
                  rebalance_interval_s: float = 0.005,
-                 restart_delays: Callable[[], Iterator[float]] | None = None) -> None:
+                 restart_delays: Callable[[], Iterator[float]] | None = None,
+                 pending_timeout_s: float | None = PENDING_TIMEOUT_S) -> None:
         if not units:
             raise ValueError("a cluster needs at least one unit")
         self.units = list(units)
@@ -91,17 +98,29 @@ class VllmCluster:
         self.rejected: deque[str] = deque(maxlen=100_000)
         """Ids of requests the dispatcher refused (the most recent)."""
         self.num_rejected = 0
+        self.num_refused = 0
+        """Rejected by the admission control of the unit the dispatcher placed them on (a subset of
+        ``num_rejected``)."""
+        self.refuses: Callable[[int, int], bool] | None = None
+        """Admission control at dispatch: ``refuses(unit_id, prompt_tokens)`` is True when the unit's batch policy
+        refuses the request (FairBatching+PAB's admission budget, as the unit last reported it); None: admit all."""
         self.num_aborted = 0
         self.accepting: dict[int, bool] = {u.unit_id: True for u in self.units}
         """Per unit id: whether it takes new requests (the dispatcher sees the others as unhealthy)."""
         self.failed: dict[int, str] = {}
         """Units whose engine core died, by id, with the reason (closed until a restart brings them back)."""
         self.num_evacuated = 0
-        self.restart_delays = restart_delays
-        """A fresh backoff (delays in seconds) for each failure: a failed unit is restarted after each delay in turn
-        until it starts; None: failed units stay failed."""
+        self.restarts = Restarts(restart_delays, self._rejoin)
+        """Failed units' restarts: after a fresh backoff from ``restart_delays`` for each failure (None: failed units
+        stay failed), or at once on :meth:`recover_unit`."""
         self.num_restarts = 0
-        self._restarts: dict[int, asyncio.Task[None]] = {}
+        self._held: set[int] = set()
+        """Units failed on request (:meth:`fail_unit`): never restarted by the backoff."""
+        self.pending_timeout_s = pending_timeout_s
+        """A request that waited this long at the dispatcher (since it arrived, or since its failed unit sent it back)
+        is rejected; None: it waits for ever."""
+        self._queued_s: dict[str, float] = {}
+        """When each pending request was first seen waiting (the cluster's clock)."""
         self.observer: ClusterObserver | None = None
         self.max_migrations = max_migrations
         """Requests migrating at once (moved, their first token on the target not yet out); further moves wait."""
@@ -133,8 +152,7 @@ class VllmCluster:
         if self._checker is not None:
             self._checker.cancel()
             self._checker = None
-        for task in self._restarts.values():
-            task.cancel()
+        self.restarts.cancel()
         for u in self.units:
             if u.on_step == self._on_step:
                 u.on_step = None
@@ -190,6 +208,7 @@ class VllmCluster:
         if stream.done or self.streams.get(rid) is not stream:
             return False
         if self.pending.pop(rid, None) is not None:
+            self._queued_s.pop(rid, None)
             del self.streams[rid]
             stream._finish(None, RequestAborted(f"request {rid} was aborted while pending"))
             if self.observer is not None:
@@ -255,9 +274,30 @@ class VllmCluster:
             self.pending[rid] = replace(p, cycles_waited=p.cycles_waited + 1)
         if decision.migrations:
             self._migrate(decision.migrations)
-        self._next_check = decision.next_check_s
-        if decision.next_check_s is not None:
+        checks = [t for t in (decision.next_check_s, self._expire_pending(now)) if t is not None]
+        self._next_check = min(checks) if checks else None
+        if self._next_check is not None:
             self._wake.set()
+
+    def _expire_pending(self, now: float) -> float | None:
+        """Reject the requests that have waited ``pending_timeout_s`` (:class:`PendingTimeout`); when the next of
+        those left will have (None: none waits, or no limit)."""
+        timeout = self.pending_timeout_s
+        if not timeout:
+            return None
+        queued = self._queued_s = {rid: self._queued_s.get(rid, now) for rid in self.pending}
+        for rid, since in list(queued.items()):
+            if now - since < timeout:
+                continue
+            del queued[rid]
+            del self.pending[rid]
+            self.rejected.append(rid)
+            self.num_rejected += 1
+            stream = self.streams.pop(rid)
+            stream._finish(None, PendingTimeout(f"no unit took the request within {timeout:g} s"))
+            if self.observer is not None:
+                self.observer.rejected(stream)
+        return min(queued.values()) + timeout if queued else None
 
     def _launch(self, stream: RequestStream, unit: VllmUnit, p: PendingRequest) -> None:
         source = stream.evacuated_from
@@ -265,10 +305,27 @@ class VllmCluster:
             stream.evacuated_from = None
             self._recompute(stream, unit, source, "unit_failed", stream.first_token_s)
             return
+        if self.refuses is not None and self.refuses(unit.unit_id, p.prompt_tokens):
+            self._refuse(stream, unit.unit_id)
+            return
         stream._pending = p
         self._start(stream, unit, stream.request.prompt_token_ids, stream.request.max_tokens, stream.request.sampling)
         if self.observer is not None:
             self.observer.launched(stream, p)
+
+    def _refuse(self, stream: RequestStream, unit_id: int) -> None:
+        """The admission control of ``unit_id`` refused ``stream``'s request: it ends here, counted, not lost."""
+        rid = stream.request_id
+        self.rejected.append(rid)
+        self.num_rejected += 1
+        self.num_refused += 1
+        self.streams.pop(rid, None)
+        stream._finish(None, RequestRejected(
+            f"unit {unit_id}'s admission control refused the request (its prefill admission budget is spent)",
+            refused_by=unit_id, retry_after_s=self.ttft_slo_s,
+        ))
+        if self.observer is not None:
+            self.observer.rejected(stream)
 
     def _start(self, stream: RequestStream, unit: VllmUnit, prompt_token_ids: list[int], max_tokens: int,
                sampling: Sampling | None, *, migrated: bool = False, prior_outputs: int = 0,
@@ -282,7 +339,7 @@ class VllmCluster:
                            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, sampling=sampling,
                            on_output=stream._push,
                            prompt_tokens=len(r.prompt_token_ids) if migrated else None,
-                           prior_outputs=prior_outputs, first_token_s=first_token_s)
+                           prior_outputs=prior_outputs, first_token_s=first_token_s, params=r.params)
         stream._task = task
 
         def done(t: asyncio.Task[RequestOutcome]) -> None:
@@ -360,10 +417,47 @@ class VllmCluster:
 
     # -- engine failures --------------------------------------------------------------------------
     def _on_unit_failed(self, unit: VllmUnit, reason: str) -> None:
-        """Close the dead unit for good, send its requests back to the dispatcher and offer them around."""
+        """Close the dead unit, send its requests back to the dispatcher and offer them around; restart it with
+        backoff (``restart_delays``). A unit failed already (on request, say) stays as it is."""
+        if unit.unit_id not in self.failed:
+            self._take_out(unit, reason, restart=self._checker is not None)
+
+    def fail_unit(self, unit_id: int, reason: str = "failed on request") -> int:
+        """Take a unit out as a failure would (closed, ``unit_failed``, its requests evacuated); its engine keeps
+        running and is not restarted, until :meth:`recover_unit`. Returns how many requests were evacuated;
+        ``KeyError`` for no such unit, ``ValueError`` when it has failed already."""
+        unit = self._unit(unit_id)
+        if unit_id in self.failed:
+            raise ValueError(f"unit {unit_id} has failed already: {self.failed[unit_id]}")
+        self._held.add(unit_id)
+        return self._take_out(unit, reason, restart=False)
+
+    def recover_unit(self, unit_id: int) -> asyncio.Task[None] | None:
+        """Bring a failed unit back. One whose engine runs rejoins at once (``unit_recovered``; None). A dead engine
+        is restarted now, in place of any backoff waiting: the task ends once the unit rejoined (``unit_restarted``)
+        or raises what the restart raised (the unit stays failed; a failure's backoff takes over again).
+        ``KeyError`` for no such unit, ``ValueError`` when it has not failed or is being restarted."""
+        unit = self._unit(unit_id)
+        if unit_id not in self.failed:
+            raise ValueError(f"unit {unit_id} has not failed")
+        if self.restarts.restarting(unit_id):
+            raise ValueError(f"unit {unit_id} is being restarted already")
+        if unit.llm is not None and unit.check_engine() is None:
+            self._rejoin(unit, None)
+            return None
+        # A unit failed on request goes back to waiting for the operator if this fails; a dead one to its backoff.
+        return self.restarts.now(unit, then_backoff=unit_id not in self._held and self._checker is not None)
+
+    def _unit(self, unit_id: int) -> VllmUnit:
+        unit = self._by_unit.get(unit_id)
+        if unit is None:
+            raise KeyError(f"no unit {unit_id} (units: {', '.join(str(u) for u in self._by_unit)})")
+        return unit
+
+    def _take_out(self, unit: VllmUnit, reason: str, *, restart: bool) -> int:
+        """Mark ``unit`` failed and closed, evacuate its requests, tell the observer, then (``restart`` and a backoff
+        configured) start restarting it; the requests are offered around. How many were evacuated."""
         uid = unit.unit_id
-        if uid in self.failed:
-            return
         self.failed[uid] = reason
         self.accepting[uid] = False
         moved = 0
@@ -373,30 +467,26 @@ class VllmCluster:
                 moved += 1
         if self.observer is not None:
             self.observer.unit_failed(unit, reason, moved)
-        if self.restart_delays is not None and self._checker is not None:
-            self._restarts[uid] = asyncio.get_running_loop().create_task(self._restart(unit, self.restart_delays()))
+        if restart:
+            self.restarts.after_backoff(unit)
         self.dispatch()
+        return moved
 
-    async def _restart(self, unit: VllmUnit, delays: Iterator[float]) -> None:
-        """Restart ``unit`` after each delay until its engine starts, then let it rejoin."""
-        attempts = 0
-        for delay in delays:
-            await asyncio.sleep(delay)
-            attempts += 1
-            try:
-                await unit.restart()
-            except Exception:  # vLLM's start failed (no memory, no GPU...): try again after the next delay
-                log.exception("unit %s: restart attempt %d failed", unit.unit_id, attempts)
-                continue
-            uid = unit.unit_id
-            self.failed.pop(uid, None)
-            self._restarts.pop(uid, None)
-            self.accepting[uid] = True
+    def _rejoin(self, unit: VllmUnit, num_attempts: int | None) -> None:
+        """Open a failed unit again: restarted after ``num_attempts`` (``unit_restarted``), or with its engine as it
+        was (None: ``unit_recovered``); the requests waiting are offered to it."""
+        uid = unit.unit_id
+        self.failed.pop(uid, None)
+        self._held.discard(uid)
+        self.accepting[uid] = True
+        if num_attempts is not None:
             self.num_restarts += 1
-            if self.observer is not None:
-                self.observer.unit_restarted(unit, attempts)
-            self.dispatch()
-            return
+        if self.observer is not None:
+            if num_attempts is None:
+                self.observer.unit_recovered(unit)
+            else:
+                self.observer.unit_restarted(unit, num_attempts)
+        self.dispatch()
 
     def _evacuate(self, stream: RequestStream, unit_id: int) -> None:
         """Take ``stream``'s request off its (dead) unit and put it at the front of the dispatcher's queue."""

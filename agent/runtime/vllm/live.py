@@ -17,13 +17,17 @@ vLLM's own ``pause_generation(mode="keep")`` (no steps, requests and KV kept); p
 and open the unit to the dispatcher.
 
 What differs from simulated units: a unit's ``running_views`` (slack samples) are every request the front end has
-on it, running or waiting in the engine; no request is refused by a unit's admission control (``num_refused`` is
-0); a request its client aborted, or that its engine failed, has no ``request_finished``.
+on it, running or waiting in the engine; a unit's admission control (FairBatching+PAB) is asked at dispatch with the
+admission budget the engine last reported (``BatchPolicy.refuses_within``), and a request it refuses is rejected
+with ``refused_by`` set; a request its client aborted, or that its engine failed, has no ``request_finished``.
 
 Engine failures: a unit whose engine core died is in mode ``failed`` (``set_unit_mode`` refuses it) and
 :attr:`LiveVllmNode.on_fault` hears of it (the hub's ``unit_failed`` alert); its requests go on elsewhere
 (``VllmCluster``'s evacuation, reported as migrations with reason ``unit_failed``). When the cluster restarts it,
-it is ``active`` again and :attr:`LiveVllmNode.on_recover` hears of it (``unit_restarted``).
+it is ``active`` again and :attr:`LiveVllmNode.on_recover` hears of it (``unit_restarted``). The control plane fails
+a unit on request the same way (:meth:`LiveVllmNode.fail_unit`: its engine keeps running, and is not restarted) and
+brings it back (:meth:`LiveVllmNode.recover_unit`: at once, or by a restart now when its engine is dead, which
+:meth:`LiveVllmNode.settle` waits for).
 """
 
 from __future__ import annotations
@@ -35,11 +39,18 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.vllm.messages import SetParams, SetPolicy
 from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.port import FaultHook, FinishHook, RequestHook, Settled, StepHook
 from agent.runtime.records import DispatchHook, MigrateHook, MigrationRecord, PreemptHook, RequestState
 from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.requests import ClusterRequest, RequestAborted, RequestStream
+from agent.runtime.vllm.requests import (
+    ClusterRequest,
+    PendingTimeout,
+    RequestAborted,
+    RequestRejected,
+    RequestStream,
+)
 from agent.workload.prompts import prompt_ids
 from agent.workload.types import RequestSpec
 from policies.base import BatchPolicy, DispatchPolicy
@@ -82,13 +93,13 @@ class LiveUnit:
     def set_policy(self, policy: BatchPolicy) -> None:
         old = self._policy
         self._policy = policy
-        mid = self.unit.send_control({"op": "set_policy", "name": policy.name, "params": dict(policy.params)})
+        mid = self.unit.send_control(SetPolicy(name=policy.name, params=dict(policy.params)))
         self._node._sent.append(_Sent(self, mid, f"set_policy {policy.name}", lambda: self._restore(old)))
 
     def set_policy_params(self, changes: Mapping[str, ParamValue]) -> None:
         policy = self._policy
         old = policy.apply_params(changes)  # checked by the control plane; the engine checks what it receives
-        mid = self.unit.send_control({"op": "set_params", "changes": dict(changes)})
+        mid = self.unit.send_control(SetParams(changes=dict(changes)))
 
         def undo() -> None:
             policy.apply_params(old)
@@ -143,6 +154,7 @@ class LiveVllmNode:
         self.origin_s = self._origin_ns / 1e9
         """:attr:`origin_ns` in seconds (the units' clock is ``time.time()``)."""
         self.units = [LiveUnit(u, p, self) for u, p in zip(cluster.units, policies, strict=True)]
+        cluster.refuses = self._refuses
         self.unit_modes: list[str] = ["active"] * len(self.units)
         self.requests = sorted(requests, key=lambda r: r.arrival_s)
         """A workload to replay (arrival times from :meth:`serve`'s start); none when requests come over HTTP."""
@@ -194,8 +206,14 @@ class LiveVllmNode:
 
     @property
     def num_refused(self) -> int:
-        """Always 0: the units' admission control is not consulted at dispatch (vLLM queues every request)."""
-        return 0
+        """Refused at dispatch by the admission control of the unit they were placed on (a subset of
+        :attr:`num_rejected`)."""
+        return self.cluster.num_refused
+
+    def _refuses(self, unit_id: int, prompt_tokens: int) -> bool:
+        """The unit's batch policy (the agent's copy) asked with the admission budget the engine last reported."""
+        unit = self.units[self.unit_index(unit_id)]
+        return unit.policy.refuses_within(prompt_tokens, unit.unit.load().prefill_admission_budget)
 
     def unit_index(self, unit_id: int) -> int:
         for i, u in enumerate(self.units):
@@ -228,6 +246,29 @@ class LiveVllmNode:
         self.cluster.set_accepting(unit_id, mode == "active")
         return old
 
+    def fail_unit(self, unit_id: int, reason: str = "") -> int:
+        """Take a unit out as a failure would (``VllmCluster.fail_unit``: its requests go on elsewhere, its engine
+        keeps running and is not restarted); a paused engine is resumed (it is empty once its requests are gone). How
+        many requests moved; ``ValueError`` when it has failed already."""
+        index = self.unit_index(unit_id)
+        if self.unit_modes[index] == "failed":
+            why = self.cluster.failed.get(unit_id, "engine core dead")
+            raise ValueError(f"unit {unit_id} has failed already: {why}")
+        if self.unit_modes[index] == "paused":  # after the pause, in the order asked
+            self._act(unit_id, "resume", self.units[index].unit.resume)
+        return self.cluster.fail_unit(unit_id, reason or "failed on request")
+
+    def recover_unit(self, unit_id: int) -> None:
+        """Bring a failed unit back (``VllmCluster.recover_unit``): at once when its engine runs, else by a restart
+        now, which :meth:`settle` waits for (a restart that fails is reported there). ``ValueError`` when it has not
+        failed."""
+        index = self.unit_index(unit_id)
+        if self.unit_modes[index] != "failed":
+            raise ValueError(f"unit {unit_id} has not failed")
+        task = self.cluster.recover_unit(unit_id)
+        if task is not None:
+            self._actions.append((unit_id, "restart", task))
+
     def _act(self, unit_id: int, what: str, action: Callable[[], Awaitable[None]]) -> None:
         """Run ``action`` on the engine after the unit's previous pause or resume (in the order asked)."""
         before = self._mode_task.get(unit_id)
@@ -257,9 +298,9 @@ class LiveVllmNode:
             except Exception as exc:  # the engine is gone, most likely: report it with the others
                 unconfirmed.append(f"unit {s.unit.unit_id}: {s.what} not acknowledged: {exc}")
                 return
-            if not reply.get("ok"):
+            if not reply.ok:
                 s.undo()
-                refused.append(f"unit {s.unit.unit_id}: {reply.get('error') or 'refused'}")
+                refused.append(f"unit {s.unit.unit_id}: {reply.error or 'refused'}")
 
         async def done(unit_id: int, what: str, task: asyncio.Task[None]) -> None:
             try:
@@ -333,6 +374,9 @@ class LiveVllmNode:
         state = self.states.pop(stream.request_id, None)
         if state is not None:
             state.rejected = True
+            error = stream.error
+            state.refused_by = error.refused_by if isinstance(error, RequestRejected) else None
+            state.refusal_reason = "pending_timeout" if isinstance(error, PendingTimeout) else ""
             if self.on_request is not None:
                 self.on_request("refused", state)
 
@@ -340,9 +384,9 @@ class LiveVllmNode:
         record = replace(record, start_s=self._node_s(record.start_s))
         if self.on_step is not None:
             self.on_step(record)
-        raw = (unit.last or {}).get("preempted") or ()
+        raw = unit.last.preempted if unit.last is not None else ()
         if raw:
-            ids = tuple(self._our_id(str(rid)) for rid in raw)
+            ids = tuple(self._our_id(rid) for rid in raw)
             for rid in ids:
                 if rid in self.states:
                     self.preemptions[rid] = self.preemptions.get(rid, 0) + 1
@@ -391,6 +435,13 @@ class LiveVllmNode:
             served = self.units[index]
             served.set_policy(served.policy)
         how = f"restarted (attempt {num_attempts}), engine core pid {unit.engine_pid}"
+        log.warning("unit %s %s", unit.unit_id, how)
+        if self.on_recover is not None:
+            self.on_recover(unit.unit_id, how)
+
+    def unit_recovered(self, unit: VllmUnit) -> None:
+        self.unit_modes[self.unit_index(unit.unit_id)] = "active"
+        how = f"recovered on request, engine core pid {unit.engine_pid}"
         log.warning("unit %s %s", unit.unit_id, how)
         if self.on_recover is not None:
             self.on_recover(unit.unit_id, how)

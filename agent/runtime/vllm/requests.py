@@ -34,10 +34,24 @@ class ClusterRequest:
     """When the request reached the agent (wall clock); None: now."""
     sampling: Sampling | None = None
     """None: the unit's default (``ignore_eos``, no text), what workload replays use."""
+    params: object | None = None
+    """vLLM's ``SamplingParams`` as its OpenAI front end made them (text, stop strings, logprobs...), passed to the
+    unit untouched (``agent.engine.vllm.engine_client``); used instead of ``sampling``."""
 
 
 class RequestRejected(Exception):
-    """The dispatcher refused the request (it was never given to a unit)."""
+    """The request was refused before any unit took it: by the dispatcher, by the admission control of the unit it
+    was placed on (``refused_by``, e.g. FairBatching+PAB's admission budget), or because no unit took it in time.
+    ``retry_after_s``: when asking again makes sense (an HTTP intake's ``Retry-After``), if known."""
+
+    def __init__(self, message: str, *, refused_by: int | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.refused_by = refused_by
+        self.retry_after_s = retry_after_s
+
+
+class PendingTimeout(RequestRejected):
+    """No unit took the request within the cluster's ``pending_timeout_s`` (every unit failed or closed, say)."""
 
 
 class RequestAborted(Exception):
@@ -166,3 +180,6 @@ class ClusterObserver(Protocol):
 
     def unit_restarted(self, unit: VllmUnit, num_attempts: int) -> None:
         """A failed unit runs a fresh engine and takes requests again."""
+
+    def unit_recovered(self, unit: VllmUnit) -> None:
+        """A unit failed on request (:meth:`VllmCluster.fail_unit`) takes requests again, its engine the same."""

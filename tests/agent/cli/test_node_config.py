@@ -50,7 +50,7 @@ hf_overrides = {rope_theta = 1000}
 """)
     assert config_argv(path, agent_parser) == [
         "--model", "/models/m", "--gpus", "0,1,2,3", "--tensor-parallel-size", "2", "--no-async-scheduling",
-        "--enforce-eager", "--param", "eb.alpha=0.5", "--param", "beta=2", "--trace", "t.csv",
+        "--enforce-eager", "--no-tokenizer", "--param", "eb.alpha=0.5", "--param", "beta=2", "--trace", "t.csv",
         "--engine", "vllm", "--engine-arg", "kv_cache_dtype=fp8", "--engine-arg", "enable_prefix_caching=false",
         "--engine-arg", 'hf_overrides={"rope_theta": 1000}', "--engine-arg", "1:max_num_seqs=64",
     ]
@@ -61,7 +61,7 @@ hf_overrides = {rope_theta = 1000}
     args = agent_parser().parse_args(expanded)
     assert (args.units, args.workload, args.trace, args.gpus, args.tensor_parallel_size) == (
         3, "poisson:n=5", None, "0,1,2,3", 2)
-    assert args.engine == "vllm" and not args.async_scheduling and args.enforce_eager
+    assert args.engine == "vllm" and not args.async_scheduling and args.enforce_eager and args.tokenizer is False
     assert with_node_config(["ctl", "--config", "x"]) == ["ctl", "--config", "x"]  # only the agent reads a file
     assert with_node_config(["agent", "--units", "2"]) == ["agent", "--units", "2"]
 
@@ -127,7 +127,8 @@ def test_units_on_gpu_groups() -> None:
 
 # -- the command line ---------------------------------------------------------------------------------------
 def test_simulated_units_take_none_of_it(capsys: pytest.CaptureFixture[str]) -> None:
-    for flag in (["--dry-run"], ["--gpus", "0"], ["--tensor-parallel-size", "2"], ["--engine-arg", "dtype=half"]):
+    for flag in (["--dry-run"], ["--gpus", "0"], ["--tensor-parallel-size", "2"], ["--engine-arg", "dtype=half"],
+                 ["--engine-hang-s", "5"], ["--pending-timeout-s", "5"]):
         assert error_of(capsys, "--workload", "poisson:n=5", *flag) == f"{flag[0]} applies to --engine vllm"
 
 

@@ -60,6 +60,34 @@ def test_ctl_exit_codes_and_output(token_file: Path, capsys: pytest.CaptureFixtu
     assert errors[4].startswith("trackside ctl: cannot reach ws://127.0.0.1:")
 
 
+def test_ctl_fails_and_recovers_a_unit(token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def go() -> tuple[list[int], list[str]]:
+        hub = make_hub(units=2)
+        async with make_server(hub, speed=1.0) as server:
+            u, t = server.url, str(token_file)
+            codes = [await ctl(u, "--token-file", t, "fail-unit", "--unit", "1", "--reason", "disk swap")]
+            modes = list(hub.node.unit_modes)
+            codes += [
+                await ctl(u, "--token-file", t, "fail-unit", "--unit", "1"),
+                await ctl(u, "status"),
+                await ctl(u, "--token-file", t, "recover-unit", "--unit", "1"),
+                await ctl(u, "--token-file", t, "recover-unit", "--unit", "1"),
+                await ctl(u, "fail-unit", "--unit", "0"),
+            ]
+            return codes, [*modes, *hub.node.unit_modes]
+
+    codes, modes = run(go)
+    out, err = capsys.readouterr()
+    assert codes == [0, 2, 0, 0, 2, 2], (codes, err)
+    assert modes == ["active", "failed", "active", "active"]
+    assert "applied: set_unit_mode: unit 1: failed (failed by ws:127.0.0.1:" in out and ": disk swap)" in out
+    assert "unit 1 [failed]" in out and "applied: set_unit_mode: unit 1: active" in out
+    errors = [line for line in err.splitlines() if line.startswith("trackside")]
+    assert errors == ["trackside ctl: error: bad_request: unit 1 has failed already",
+                      "trackside ctl: error: bad_request: unit 1 has not failed",
+                      "trackside ctl: error: unauthorized: wrong or missing token"]
+
+
 def test_hot_swaps_through_ctl_under_load_lose_nothing(token_file: Path) -> None:
     async def go() -> None:
         hub = make_hub(workload="poisson:n=600,rate=60", batch_policy="fairbatching")

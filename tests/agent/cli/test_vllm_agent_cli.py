@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from agent.cli import serve as cli_serve
-from agent.cli.serve import main, model_max_len
+from agent.cli import agent_vllm as cli_vllm
+from agent.cli.agent_vllm import model_max_len
+from agent.cli.serve import main
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def vllm_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     def find_spec(name: str, *args: Any) -> Any:
         return object() if name == "vllm" else real(name, *args)
 
-    monkeypatch.setattr(cli_serve.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(cli_vllm.importlib.util, "find_spec", find_spec)
 
 
 def error_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -35,7 +36,7 @@ def error_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 def test_without_the_vllm_extra_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(cli_serve.importlib.util, "find_spec",
+    monkeypatch.setattr(cli_vllm.importlib.util, "find_spec",
                         lambda name, *a: None if name == "vllm" else real(name, *a))
     assert error_of(capsys, "--engine", "vllm", "--fake-executor", "--serve-openai", ":0") == (
         "--engine vllm needs vLLM: pip install -e '.[vllm]' (vLLM 0.26.0 and torch 2.11.0)")
@@ -51,7 +52,7 @@ def test_what_a_vllm_agent_needs(tmp_path: Path, capsys: pytest.CaptureFixture[s
         ("--model", str(tmp_path / "nothing"), "--serve-openai", ":0"): "no such folder",
         ("--fake-executor",): "--engine vllm serves --serve-openai HOST:PORT, replays --workload/--trace, or both",
         ("--fake-executor", "--model", str(empty)): "--fake-executor runs its own tiny model: leave out --model",
-        ("--fake-executor", "--tokenizer", "--serve-openai", ":0"): "has no tokenizer",
+        ("--fake-executor", "--serve-openai", ":0", "--openai-arg", "x"): "--openai-arg: 'x': KEY=VALUE",
         ("--fake-executor", "--serve-openai", ":0", "--speed", "2"): "--speed applies to simulated units",
         ("--fake-executor", "--serve-openai", ":0", "--lockstep"): "--lockstep applies to simulated units",
         ("--fake-executor", "--serve-openai", ":0", "--units", "2", "--gpu-memory-utilization", "1.5"):

@@ -60,7 +60,7 @@ def test_gpus_and_tensor_parallelism_make_the_units(capsys: pytest.CaptureFixtur
         assert args["tensor_parallel_size"] == unit["tensor_parallel_size"]
         assert args["gpu_memory_utilization"] == unit["gpu_memory_utilization"]
         assert args.get("device_ids") == (unit["gpus"] if "--gpus" in argv else None)  # vLLM's own mechanism
-        assert args["model"] == MODEL and args["skip_tokenizer_init"] is True
+        assert args["model"] == MODEL and args["skip_tokenizer_init"] is False  # --serve-openai loads it
         assert args["scheduler_cls"] == "agent.engine.vllm.scheduler.PolicyAsyncScheduler"
 
 
@@ -135,10 +135,31 @@ def test_engine_arguments_refused_exit_2_naming_them(capsys: pytest.CaptureFixtu
 
 
 def test_the_tokenizer(capsys: pytest.CaptureFixture[str]) -> None:
-    assert dry_run(capsys)["tokenizer"] is None  # token ids only, as before
-    plan = dry_run(capsys, "--tokenizer")
+    plan = dry_run(capsys)  # --serve-openai: vLLM's app renders text and chat with the model's tokenizer
     assert plan["tokenizer"] == MODEL and plan["units"][0]["engine_args"]["skip_tokenizer_init"] is False
+    plan = dry_run(capsys, "--no-tokenizer")  # token ids only
+    assert plan["tokenizer"] is None and plan["units"][0]["engine_args"]["skip_tokenizer_init"] is True
     assert dry_run(capsys, "--engine-arg", "tokenizer=/models/tok")["tokenizer"] == "/models/tok"
+
+
+def test_the_fake_executors_model_has_a_tokenizer_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import AutoTokenizer
+
+    folder = dry_run(capsys, "--fake-executor", model=None)["tokenizer"]
+    assert folder is not None and (Path(folder) / "tokenizer.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.decode([7, 7]) == " ok ok"  # what the fake executor says
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert chat == "<s><|user|>\nhi<|end|>\n<|assistant|>\n"
+    assert dry_run(capsys, "--fake-executor", "--no-tokenizer", model=None)["tokenizer"] is None
+
+
+def test_openai_front_end_options_are_checked_by_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    assert dry_run(capsys, "--openai-arg", "response_role=bot")["openai_args"] == ["response_role=bot"]
+    assert "--openai-arg: unrecognized arguments: --no-such-option" in error_of(
+        capsys, "--openai-arg", "no_such_option=1")
+    assert "KEY=VALUE" in error_of(capsys, "--openai-arg", "chat_template")
 
 
 def test_the_fake_executor(capsys: pytest.CaptureFixture[str]) -> None:
@@ -230,3 +251,16 @@ def test_a_dry_run_prints_only_json_and_starts_nothing(tmp_path: Path) -> None:
     import torch
 
     assert not torch.cuda.is_initialized()  # nor in this process, after the dry runs above
+
+
+def test_engine_fault_limits_from_flags_and_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = dry_run(capsys)
+    assert (plan["restart"], plan["engine_hang_s"], plan["pending_timeout_s"]) == (True, 60.0, 30.0)
+    plan = dry_run(capsys, "--engine-hang-s", "5", "--pending-timeout-s", "0", "--no-restart")
+    assert (plan["restart"], plan["engine_hang_s"], plan["pending_timeout_s"]) == (False, 5.0, None)  # 0: no limit
+    path = tmp_path / "node.toml"
+    path.write_text("engine_hang_s = 2.5\npending_timeout_s = 10\n")
+    plan = dry_run(capsys, "--config", str(path))
+    assert (plan["engine_hang_s"], plan["pending_timeout_s"]) == (2.5, 10.0)
+    assert error_of(capsys, "--engine-hang-s", "-1") == "--engine-hang-s must be >= 0 (0: no limit)"
+    assert error_of(capsys, "--pending-timeout-s", "nan") == "--pending-timeout-s must be >= 0 (0: no limit)"

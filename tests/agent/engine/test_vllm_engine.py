@@ -13,9 +13,12 @@ from agent.bench.vllm_runner import run_workload
 from agent.engine.vllm.config import UnitSettings
 from agent.engine.vllm.cpu import cpu_vllm_config
 from agent.engine.vllm.fake_executor import FakeExecutor
-from agent.engine.vllm.unit import EngineOptions, VllmUnit
+from agent.engine.vllm.messages import Ping, SetParams, SetPolicy, StepMessage
+from agent.engine.vllm.options import EngineOptions
+from agent.engine.vllm.unit import VllmUnit
 from agent.workload.types import RequestSpec
 from policies.registry import DISPATCH_POLICIES
+from policies.types import StepMode
 
 pytestmark = pytest.mark.vllm
 
@@ -73,10 +76,10 @@ def test_control_across_the_process_boundary() -> None:
                                                    ttft_slo_s=1.0, tpot_slo_s=0.1, vocab=1024))
             while not unit.records:
                 await asyncio.sleep(0.01)
-            reply = await unit.control({"op": "set_policy", "name": "sarathi", "params": {"token_budget": 128}})
-            assert reply["ok"] and reply["policy"] == "sarathi"
-            bad = await unit.control({"op": "set_params", "changes": {"token_budget": -5}})
-            assert not bad["ok"] and "token_budget" in bad["error"]
+            reply = await unit.control(SetPolicy(name="sarathi", params={"token_budget": 128}))
+            assert reply.ok and reply.policy == "sarathi"
+            bad = await unit.control(SetParams(changes={"token_budget": -5}))
+            assert not bad.ok and "token_budget" in bad.error
             res = await run
             policies = [r.policy for r in res.records[0]]
             assert policies[0] == "vllm" and policies[-1] == "sarathi"
@@ -98,7 +101,7 @@ def test_plain_vllm_unit_serves_without_records() -> None:
                                      tpot_slo_s=0.1, vocab=1024)
             assert len(res.outcomes) == 10 and res.records[0] == []
             with pytest.raises(RuntimeError, match="plain"):
-                unit.send_control({"op": "ping"})
+                unit.send_control(Ping())
         finally:
             await unit.stop()
 
@@ -108,7 +111,12 @@ def test_plain_vllm_unit_serves_without_records() -> None:
 def test_idle_unit_reports_no_stale_admission_budget() -> None:
     """An idle engine does not step: the PAB of its last record is stale and must not steer a balancer."""
     unit = _unit(0)  # not started: load() reads only the last record and the front end's requests
-    unit.last = {"num_running": 3, "kv_used_blocks": 10, "admission_budget": 50.0, "duration_s": 0.01}
+    unit.last = StepMessage(
+        unit_id=0, step_id=1, start_s=0.0, duration_s=0.01, predicted_s=0.01, mode=StepMode.PREFILL, policy="vllm",
+        num_prefill_tokens=64, num_decode_tokens=0, num_prefill_reqs=1, num_decode_reqs=0, context_tokens=64,
+        budget_tokens=512, kv_used_blocks=10, num_blocks=100, num_running=3, num_waiting=0, num_preempted=0,
+        num_finished=0, plan_us=1.0, admission_budget=50.0, queued_prefill_tokens=0,
+    )
     load = unit.load()
     assert load.prefill_admission_budget is None
     assert load.num_running == load.num_waiting == 0 and not load.busy

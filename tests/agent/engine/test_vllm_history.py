@@ -27,7 +27,8 @@ def test_a_unit_keeps_bounded_histories() -> None:
     pytest.importorskip("zmq")
     import asyncio
 
-    from agent.engine.vllm.unit import EngineOptions, VllmUnit
+    from agent.engine.vllm.options import EngineOptions
+    from agent.engine.vllm.unit import VllmUnit
 
     unit = VllmUnit(0, EngineOptions(model="tiny"), history=3)  # not started: nothing runs
     for i in range(5):

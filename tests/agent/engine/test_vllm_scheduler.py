@@ -8,17 +8,25 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("vllm")
 
+import msgspec
+import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_harness import Arrival, Shape, drive, make_scheduler, random_stream
 
+from agent.engine.vllm.channel import ControlSender
 from agent.engine.vllm.config import KEY, UnitSettings, unit_settings
+from agent.engine.vllm.messages import ControlReply, SetParams, SetPolicy, StepMessage
 from agent.engine.vllm.scheduler import PolicyAsyncScheduler, PolicyScheduler
 from policies.types import StepPlan
 
@@ -158,25 +166,66 @@ def test_step_records_and_control_in_memory() -> None:
     shape = Shape(max_num_batched_tokens=256, num_blocks=400)
     sched = _ours(shape, "vllm")
     trace = drive(sched, random_stream(1, n=10, max_prompt=300, max_out=10))
-    records = [r for r in sched.ts_sink.records if r["kind"] == "step"]
+    records = [r for r in sched.ts_sink.records if isinstance(r, StepMessage)]
     assert len(records) == sum(1 for t in trace if t.scheduled)
-    assert [r["step_id"] for r in records] == list(range(1, len(records) + 1))
+    assert [r.step_id for r in records] == list(range(1, len(records) + 1))
     for r, t in zip(records, [t for t in trace if t.scheduled], strict=True):
-        assert r["num_prefill_tokens"] + r["num_decode_tokens"] == sum(t.scheduled.values())
-        assert r["num_prefill_reqs"] + r["num_decode_reqs"] == len(t.scheduled)
-        assert r["duration_s"] > 0 and r["predicted_s"] > 0
-        assert 0 <= r["kv_used_blocks"] <= r["num_blocks"] == 399
+        assert r.num_prefill_tokens + r.num_decode_tokens == sum(t.scheduled.values())
+        assert r.num_prefill_reqs + r.num_decode_reqs == len(t.scheduled)
+        assert r.duration_s > 0 and r.predicted_s > 0
+        assert 0 <= r.kv_used_blocks <= r.num_blocks == 399
     # control: swap the policy and change a parameter between steps
-    sched._ts_control({"op": "set_policy", "name": "sarathi", "params": {"token_budget": 64}, "id": 1})
-    sched._ts_control({"op": "set_params", "changes": {"token_budget": 32}, "id": 2})
-    sched._ts_control({"op": "set_params", "changes": {"no_such": 1}, "id": 3})
-    sched._ts_control({"op": "set_policy", "name": "nope", "id": 4})
-    replies = {r["id"]: r for r in sched.ts_sink.records if r["kind"] == "control"}
-    assert replies[1]["ok"] and replies[1]["policy"] == "sarathi"
-    assert replies[2]["ok"] and replies[2]["old"] == {"token_budget": 64} and replies[2]["params"]["token_budget"] == 32
-    assert not replies[3]["ok"] and "no_such" in replies[3]["error"]
-    assert not replies[4]["ok"] and "unknown batch policy" in replies[4]["error"]
+    sched._ts_control(SetPolicy(name="sarathi", params={"token_budget": 64}, id="1"))
+    sched._ts_control(SetParams(changes={"token_budget": 32}, id="2"))
+    sched._ts_control(SetParams(changes={"no_such": 1}, id="3"))
+    sched._ts_control(SetPolicy(name="nope", id="4"))
+    replies = {r.id: r for r in sched.ts_sink.records if isinstance(r, ControlReply)}
+    assert replies["1"].ok and replies["1"].policy == "sarathi"
+    assert replies["2"].ok and replies["2"].old == {"token_budget": 64} and replies["2"].params["token_budget"] == 32
+    assert not replies["3"].ok and "no_such" in replies["3"].error
+    assert not replies["4"].ok and "unknown batch policy" in replies["4"].error
     assert sched.ts_policy.name == "sarathi"
+
+
+def test_bad_control_frames_are_answered_or_skipped_and_the_scheduler_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    addr = f"ipc://{tmp_path}/control"
+    shape = Shape(max_num_batched_tokens=256, num_blocks=400)
+    sched = make_scheduler(PolicyScheduler, shape, {KEY: UnitSettings(policy="vllm", control_addr=addr).as_config()})
+    sender = ControlSender(addr)
+    raw = zmq.Context.instance().socket(zmq.PUSH)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(addr)
+    try:
+        raw.send(b"\xc1")  # not msgpack, no id: nobody to answer
+        raw.send(msgspec.msgpack.encode({"op": "reboot", "id": "a"}))  # an unknown op
+        raw.send(msgspec.msgpack.encode({"op": "set_policy", "id": "b"}))  # no name
+        raw.send(msgspec.msgpack.encode({"op": "ping", "id": "c", "extra": 1}))  # an unknown field
+        sender.send(SetPolicy(id="d", name="sarathi", params={"token_budget": 64}))
+        replies: dict[str, ControlReply] = {}
+        deadline = time.monotonic() + 10
+        with caplog.at_level(logging.WARNING):
+            while len(replies) < 4 and time.monotonic() < deadline:
+                sched._ts_poll_control()  # what schedule() and the pause state do first
+                replies |= {r.id: r for r in sched.ts_sink.drain() if isinstance(r, ControlReply)}
+                time.sleep(0.005)
+            time.sleep(0.05)
+            sched._ts_poll_control()
+        assert sorted(replies) == ["a", "b", "c", "d"]
+        assert not replies["a"].ok and "reboot" in replies["a"].error
+        assert not replies["b"].ok and "name" in replies["b"].error
+        assert not replies["c"].ok and "extra" in replies["c"].error
+        assert replies["d"].ok and replies["d"].params["token_budget"] == 64
+        assert any("control frame skipped" in r.getMessage() for r in caplog.records)
+        trace = drive(sched, random_stream(2, n=6, max_prompt=200, max_out=8))
+        steps = [r for r in sched.ts_sink.records if isinstance(r, StepMessage)]
+        assert steps and len(steps) == sum(1 for t in trace if t.scheduled)
+        assert {r.policy for r in steps} == {"sarathi"} and max(r.budget_tokens for r in steps) <= 64
+    finally:
+        raw.close()
+        sender.close()
+        sched.shutdown()
 
 
 def test_settings_round_trip_and_errors() -> None:

@@ -19,7 +19,8 @@ from agent.bench.vllm_runner import run_workload
 from agent.engine.vllm.config import UnitSettings
 from agent.engine.vllm.cpu import cpu_vllm_config
 from agent.engine.vllm.fake_executor import FakeExecutor
-from agent.engine.vllm.unit import EngineOptions, VllmUnit, _Live
+from agent.engine.vllm.options import EngineOptions
+from agent.engine.vllm.unit import VllmUnit, _Live
 from agent.runtime.records import MigrationRecord
 from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode

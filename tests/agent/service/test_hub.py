@@ -8,8 +8,10 @@ from agent.telemetry import (
     Alert,
     ControlAudit,
     ErrorReply,
+    FailUnit,
     OkReply,
     PauseUnit,
+    RecoverUnit,
     SetBatchPolicy,
     SetDispatchPolicy,
     SetParams,
@@ -110,3 +112,51 @@ def test_without_a_token_control_is_disabled() -> None:
     reply = hub.handle(PauseUnit(unit_id=0, token=""), who="test")
     assert isinstance(reply, ErrorReply) and reply.code == "unauthorized" and "disabled" in reply.message
     assert hub.node.unit_modes[0] == "active"
+
+
+def test_fail_and_recover_a_unit_through_the_control_plane() -> None:
+    hub = make_hub(units=2)
+    hub.attach()
+    node = hub.node
+    sub, _, _ = hub.subscribe(Subscribe(kinds=("audit", "alert")), lambda: None)
+    assert sub is not None
+    hub.node.advance(2.0)
+    on_0 = {rid for rid, s in node.states.items() if s.unit_id == 0 and s.outcome is None}
+    assert on_0
+
+    failed = hub.handle(FailUnit(unit_id=0, reason="maintenance", token=TOKEN, control_id="f"), who="test")
+    assert isinstance(failed, OkReply) and isinstance(failed.payload, ControlAudit) and failed.control_id == "f"
+    audit = failed.payload
+    assert (audit.action, audit.result) == ("set_unit_mode", "applied")
+    assert [(s.unit_id, s.mode) for s in audit.old] == [(0, "active")]
+    assert [(s.unit_id, s.mode) for s in audit.new] == [(0, "failed")]
+    assert audit.message == "failed by test: maintenance"
+    assert node.unit_modes == ["failed", "active"]
+    assert all(node.states[r].unit_id == 1 for r in on_0 if node.states[r].outcome is None)
+
+    again = hub.handle(FailUnit(unit_id=0, token=TOKEN), who="test")
+    assert isinstance(again, ErrorReply) and again.code == "bad_request" and "has failed already" in again.message
+    not_failed = hub.handle(RecoverUnit(unit_id=1, token=TOKEN), who="test")
+    assert isinstance(not_failed, ErrorReply) and "has not failed" in not_failed.message
+    unknown = hub.handle(FailUnit(unit_id=9, token=TOKEN), who="test")
+    assert isinstance(unknown, ErrorReply) and unknown.code == "unknown_unit"
+    denied = hub.handle(RecoverUnit(unit_id=0, token="wrong"), who="test")
+    assert isinstance(denied, ErrorReply) and denied.code == "unauthorized" and node.unit_modes[0] == "failed"
+
+    back = hub.handle(RecoverUnit(unit_id=0, token=TOKEN), who="test")
+    assert isinstance(back, OkReply) and isinstance(back.payload, ControlAudit)
+    assert [(s.unit_id, s.mode) for s in back.payload.old] == [(0, "failed")]
+    assert [(s.unit_id, s.mode) for s in back.payload.new] == [(0, "active")]
+    assert node.unit_modes == ["active", "active"]
+
+    frames = []
+    while (frame := sub.pop()) is not None:
+        frames.append(frame)
+    alerts = [(f.code, f.unit_id, f.severity) for f in frames if isinstance(f, Alert)]
+    assert alerts == [("unit_failed", 0, "error"), ("unit_restarted", 0, "info")]
+    fault = next(f for f in frames if isinstance(f, Alert))
+    assert fault.message.startswith("unit 0 failed: failed by test: maintenance (")
+    assert [f.result for f in frames if isinstance(f, ControlAudit)] == ["applied", "rejected", "rejected",
+                                                                            "rejected", "applied"]
+    node.run()
+    assert node.num_finished + node.num_rejected == len(node.arrivals) and not node.unfinished()

@@ -117,7 +117,7 @@ def test_every_command_and_reply_round_trips(fmt: str, cls: type[msgspec.Struct]
 def test_kinds_are_unique_and_complete() -> None:
     kinds = [c.__struct_config__.tag for c in members(AgentFrame)]
     assert len(kinds) == len(set(kinds)) == len(EVENT_KINDS) + 3  # and batch, ok, error
-    assert len(CONTROL_KINDS) == len(members(ControlRequest)) == 10
+    assert len(CONTROL_KINDS) == len(members(ControlRequest)) == 12
     assert not CONTROL_KINDS & EVENT_KINDS
 
 

@@ -1,0 +1,157 @@
+"""The pieces under the OpenAI front end that need no engine: the tiny model's tokenizer, per-request SLOs from
+``vllm_xargs``, rendered prompts, ``--openai-arg`` items, and :class:`RoutedEngineClient` turning a unit's deltas
+into the ``RequestOutput`` s vLLM's app expects (with a stand-in for the cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+from agent.engine.vllm.engine_client import RoutedEngineClient, prompt_token_ids, request_slos
+from agent.engine.vllm.openai_app import FrontendArgError, frontend_tokens
+from agent.engine.vllm.sampling import TokenDelta
+from agent.engine.vllm.tiny_tokenizer import SPECIAL_TOKENS, tokenizer_json, write_tokenizer
+
+pytestmark = pytest.mark.vllm
+
+
+def test_the_tiny_tokenizer_fills_the_vocabulary_and_round_trips(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    write_tokenizer(tmp_path, 1024, 4096)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(tok) == 1024 and tok.bos_token_id == 1 and tok.eos_token_id == 2
+    assert tok.convert_ids_to_tokens(list(range(len(SPECIAL_TOKENS)))) == list(SPECIAL_TOKENS)
+    for text in ("Hello, world!", "naïve café ✓ 42", " ok ok"):
+        assert tok.decode(tok.encode(text)) == text  # every byte has a token
+    assert tok.encode(" ok") == [7]
+    assert json.loads(tokenizer_json(1024)) == json.loads(tokenizer_json(1024))  # the same files everywhere
+    with pytest.raises(ValueError, match="smaller"):
+        tokenizer_json(100)
+
+
+def test_slos_come_from_vllm_xargs_in_milliseconds() -> None:
+    params = SamplingParams(max_tokens=4, extra_args={"ttft_slo_ms": 250, "tpot_slo_ms": "40"})
+    assert request_slos(params) == {"ttft_slo_s": 0.25, "tpot_slo_s": 0.04}
+    assert request_slos(SamplingParams(max_tokens=4)) == {"ttft_slo_s": None, "tpot_slo_s": None}
+    for bad in (0, -5, "soon", float("inf")):
+        with pytest.raises(ValueError, match="ttft_slo_ms"):
+            request_slos(SamplingParams(max_tokens=4, extra_args={"ttft_slo_ms": bad}))
+
+
+def test_rendered_prompts_give_their_token_ids() -> None:
+    assert prompt_token_ids({"type": "token", "prompt_token_ids": [1, 2], "prompt": "hi"}) == ([1, 2], "hi")
+    assert prompt_token_ids({"prompt_token_ids": [3]}) == ([3], None)
+    with pytest.raises(ValueError, match="'embeds'"):
+        prompt_token_ids({"type": "embeds", "prompt_embeds": None})
+    with pytest.raises(ValueError, match="rendered"):
+        prompt_token_ids("raw text")
+
+
+def test_openai_args_become_vllm_serve_flags() -> None:
+    assert frontend_tokens(["chat_template=/t.jinja", "enable_auto_tool_choice=true", "x=false"]) == [
+        "--chat-template", "/t.jinja", "--enable-auto-tool-choice"]
+    with pytest.raises(FrontendArgError, match="KEY=VALUE"):
+        frontend_tokens(["chat_template"])
+
+
+class _Routed:
+    """A stand-in for the cluster's request stream: yields given deltas, records an abort."""
+
+    def __init__(self, request_id: str, deltas: list[TokenDelta]) -> None:
+        self.request_id = request_id
+        self.deltas = deltas
+        self.aborted = False
+
+    async def _gen(self) -> AsyncIterator[TokenDelta]:
+        for d in self.deltas:
+            yield d
+
+    def __aiter__(self) -> AsyncIterator[TokenDelta]:
+        return self._gen()
+
+    def abort(self) -> bool:
+        self.aborted = True
+        return True
+
+
+class _Engine:
+    vllm_config = model_config = renderer = input_processor = None
+    errored = False
+
+
+def _delta(ids: list[int], text: str, finish: str | None = None, *, prompt: list[int]) -> TokenDelta:
+    out = RequestOutput("unit-side", None, prompt, None,
+                        [CompletionOutput(0, text, ids, None, None, finish_reason=finish)], finish is not None,
+                        num_cached_tokens=0)
+    return TokenDelta(tuple(ids), text, finish, None, out)
+
+
+def _client(deltas: list[TokenDelta], serving: int = 1) -> tuple[RoutedEngineClient, list[Any]]:
+    calls: list[Any] = []
+
+    def submit(request_id: str, ids: list[int], params: SamplingParams, **kw: Any) -> _Routed:
+        routed = _Routed(request_id, deltas)
+        calls.append((request_id, ids, params, kw, routed))
+        return routed
+
+    return RoutedEngineClient(lambda: [_Engine()], submit, lambda: serving), calls
+
+
+async def _collect(client: RoutedEngineClient, params: SamplingParams) -> list[RequestOutput]:
+    prompt = {"type": "token", "prompt_token_ids": [5, 6, 7], "prompt": "abc"}
+    return [out async for out in client.generate(prompt, params, "req-1")]
+
+
+def test_deltas_are_forwarded_with_the_original_request_and_prompt() -> None:
+    # The second delta comes from a unit the request moved to: its prompt there was longer.
+    deltas = [_delta([7], " ok", prompt=[5, 6, 7]), _delta([7, 7], " ok ok", "length", prompt=[5, 6, 7, 7])]
+    client, calls = _client(deltas)
+    params = SamplingParams(max_tokens=3, output_kind=RequestOutputKind.DELTA, extra_args={"ttft_slo_ms": 100})
+    outs = asyncio.run(_collect(client, params))
+    assert [(o.request_id, o.prompt, o.prompt_token_ids) for o in outs] == [("req-1", "abc", [5, 6, 7])] * 2
+    assert [o.outputs[0].text for o in outs] == [" ok", " ok ok"] and [o.finished for o in outs] == [False, True]
+    (rid, ids, _, kw, routed) = calls[0]
+    assert rid == "req-1" and ids == [5, 6, 7] and kw["ttft_slo_s"] == 0.1 and kw["tpot_slo_s"] is None
+    assert not routed.aborted  # it finished
+
+
+def test_final_only_output_is_merged_by_vllm_and_a_lost_finish_is_made_up() -> None:
+    # The last delta has no engine output: its unit died after the last token (the cluster made the finish).
+    deltas = [_delta([7], " ok", prompt=[5, 6, 7]), _delta([7], " ok", prompt=[5, 6, 7]),
+              TokenDelta((), "", "length", None)]
+    client, _ = _client(deltas)
+    outs = asyncio.run(_collect(client, SamplingParams(max_tokens=2, output_kind=RequestOutputKind.FINAL_ONLY)))
+    assert len(outs) == 1 and outs[0].finished
+    assert outs[0].outputs[0].text == " ok ok" and list(outs[0].outputs[0].token_ids) == [7, 7]
+    assert outs[0].outputs[0].finish_reason == "length"
+
+
+def test_a_request_left_early_is_aborted_and_what_units_cannot_take_is_refused() -> None:
+    client, calls = _client([_delta([7], " ok", prompt=[1]), _delta([7], " ok", "length", prompt=[1])])
+
+    async def first_only() -> None:
+        gen = client.generate({"prompt_token_ids": [1]}, SamplingParams(max_tokens=2), "r")
+        await gen.__anext__()
+        await gen.aclose()  # what the app does when its client goes away
+
+    asyncio.run(first_only())
+    assert calls[0][4].aborted
+    for params, match in ((SamplingParams(max_tokens=2, n=2), "n must be 1"),):
+        with pytest.raises(ValueError, match=match):
+            asyncio.run(_collect(client, params))
+    assert client.errored is False and client.is_running
+    dead, _ = _client([], serving=0)
+    assert dead.errored
+    with pytest.raises(Exception, match="no trackside unit is serving"):
+        asyncio.run(dead.check_health())
