@@ -2,8 +2,9 @@
 
 The tiny model (:mod:`agent.engine.vllm.cpu`) has no weights and the fake executor samples token id 7 at every
 step, so this tokenizer only has to be a real one that vLLM's front end can load: any text encodes (every byte
-is a token), token id 7 reads `` ok``, and the vocabulary has exactly the model's ``vocab_size`` ids (prompt
-ids a workload draws from the whole vocabulary all decode). Ids:
+is a token), token id 7 reads `` ok``, and the vocabulary has exactly the model's ``vocab_size`` ids (every
+prompt id a workload draws decodes to something; a lone byte id can be part of a UTF-8 character, which the
+detokenizer may then show only with the next token). Ids:
 
 * 0-6: ``<unk>``, ``<s>`` (BOS), ``</s>`` (EOS), ``<|system|>``, ``<|user|>``, ``<|assistant|>``, ``<|end|>``
   (special: the chat template's role markers);

@@ -4,8 +4,8 @@ the raw bytes or headers matter) and ``vllm bench serve``.
 
 The server, its cluster and its units live on an event loop in a thread of their own; tests reach into that loop
 (:meth:`Served.call`) to swap the dispatcher, switch admission control or read what the units saw. The fake
-executor samples token id 7 at every step, which the tiny tokenizer reads `` ok``. It returns no logprobs, so
-``logprobs`` requests are not tested here.
+executor samples token id 7 at every step, which the tiny tokenizer reads `` ok``, and makes up logprobs when
+asked (the sampled token at -0.1, then the next ids ever less likely).
 """
 
 from __future__ import annotations
@@ -283,6 +283,20 @@ def test_text_completion(served: Served) -> None:
     assert out.usage is not None
     assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (
         expected, 6, expected + 6)
+
+
+def test_logprobs_come_from_vllm_through_the_units(served: Served) -> None:
+    out = served.client().completions.create(model=MODEL, prompt="Hello", max_tokens=3, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert lp is not None and lp.tokens == [OK] * 3
+    assert lp.token_logprobs == pytest.approx([-0.1] * 3)
+    assert lp.top_logprobs is not None and all(len(top) == 3 and top[OK] == pytest.approx(-0.1)
+                                               for top in lp.top_logprobs)
+    chat = served.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=2, logprobs=True, top_logprobs=1)
+    content = chat.choices[0].logprobs.content if chat.choices[0].logprobs else None
+    assert content is not None and [c.token for c in content] == [OK, OK]
+    assert all(c.top_logprobs[0].token == OK for c in content)
 
 
 def test_completion_with_a_token_id_prompt(served: Served) -> None:
