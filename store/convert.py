@@ -71,7 +71,8 @@ TABLE_KINDS: Final[dict[str, frozenset[str]]] = {
 _UNIT_TYPE = pa.list_(pa.struct([
     ("unit_id", pa.int64()), ("mode", pa.string()), ("batch_policy", pa.string()), ("batch_params", pa.string()),
     ("num_blocks", pa.int64()), ("max_num_seqs", pa.int64()), ("num_running", pa.int64()),
-    ("num_waiting", pa.int64()),
+    ("num_waiting", pa.int64()), ("gpu_ids", pa.list_(pa.int64())), ("tensor_parallel_size", pa.int64()),
+    ("pipeline_parallel_size", pa.int64()),
 ]))
 _ARROW_TYPES: Final[dict[str, pa.DataType]] = {
     "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_(),
@@ -128,7 +129,8 @@ def _hello(e: NodeHello) -> tuple[Any, ...]:
     units = [
         {"unit_id": u.unit_id, "mode": u.mode, "batch_policy": u.batch_policy, "batch_params": _json(u.batch_params),
          "num_blocks": u.num_blocks, "max_num_seqs": u.max_num_seqs, "num_running": u.num_running,
-         "num_waiting": u.num_waiting}
+         "num_waiting": u.num_waiting, "gpu_ids": list(u.gpu_ids), "tensor_parallel_size": u.tensor_parallel_size,
+         "pipeline_parallel_size": u.pipeline_parallel_size}
         for u in e.units
     ]
     return (e.node_id, e.boot_ns, e.seq, e.time_ns, e.protocol_version, e.profile, e.dispatch_policy,
@@ -138,10 +140,10 @@ def _hello(e: NodeHello) -> tuple[Any, ...]:
 def _request(e: RequestFinished | RequestRefused, boot: int, policy: str | None) -> tuple[Any, ...]:
     if isinstance(e, RequestRefused):
         return (e.node_id, boot, e.seq, e.time_ns, e.request_id, e.unit_id, True, None, None, None, None, None,
-                None, None, None, None, False, e.policy, e.reason)
+                None, None, None, None, False, e.policy, e.reason, None)
     return (e.node_id, boot, e.seq, e.time_ns, e.request_id, e.unit_id, False, e.arrival_ns, e.first_token_ns,
             e.prompt_tokens, e.output_tokens, e.num_preemptions, e.ttft_ms, e.tpot_ms, e.ttft_slo_ms, e.tpot_slo_ms,
-            e.met_slo, policy, None)
+            e.met_slo, policy, None, e.max_tpot_ms)
 
 
 _REQUEST_EVENT_FIELDS: Final = tuple(name for name, _, _ in columns("request_events"))[6:]
@@ -240,7 +242,8 @@ def event_from_row(table: str, row: dict[str, Any]) -> Event:
         row["batch_policies"] = _DEC_POLICIES.decode(row["batch_policies"])
         row["dispatch_policies"] = _DEC_POLICIES.decode(row["dispatch_policies"])
         row["units"] = tuple(
-            UnitStatus(**{**u, "batch_params": _DEC_PARAMS.decode(u["batch_params"])}) for u in row["units"]
+            UnitStatus(**{**u, "batch_params": _DEC_PARAMS.decode(u["batch_params"]), "gpu_ids": tuple(u["gpu_ids"])})
+            for u in row["units"]
         )
         return NodeHello(**row, boot_ns=boot_ns)
     raise ValueError(f"no events are read from table {table!r}")

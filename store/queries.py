@@ -2,8 +2,16 @@
 
 Definitions are those of :mod:`agent.bench.report` (TTFT/TPOT percentiles with linear interpolation, DuckDB's
 ``quantile_cont`` = ``numpy.percentile``; a request meets its SLO when both TTFT and TPOT are within their
-targets; ``slo_attainment`` = met / requests, refused included; ``goodput_rps`` = met / ``duration_s``),
-with these store-side choices:
+targets; ``slo_attainment`` = met / requests, refused included; ``goodput_rps`` = met / ``duration_s``;
+``effective_rps`` = ``offered_rps`` x ``slo_attainment``), with these store-side choices:
+
+* TPOT is the one ``tpot_metric`` names (``agent.telemetry.TpotMetric``; default
+  ``agent.telemetry.DEFAULT_TPOT_METRIC``, as ``trackside bench``): ``worst`` reads ``max_tpot_ms``, ``mean``
+  reads ``tpot_ms``, and whether a request met its SLO is decided again from its TTFT, that TPOT and its targets
+  (not read from ``met_slo``, which holds the agent's verdict under its own default). Requests recorded before
+  schema version 2 have no ``max_tpot_ms``: ``worst`` falls back to their mean TPOT (never above their worst).
+* ``offered_rps`` = requests over the span of the finished requests' arrivals (a refused request has no arrival
+  in the store).
 
 * A finished request counts for the **batch policy of its unit** at its finish (``requests.policy``: the policy
   of the unit's latest step before it in the stream, set by the writer). A refused request counts for the
@@ -28,6 +36,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from agent.telemetry import DEFAULT_TPOT_METRIC, TPOT_METRICS, TpotMetric
 from store.schema import TABLES, StoreError, connect
 
 Db = str | Path | duckdb.DuckDBPyConnection
@@ -67,13 +76,21 @@ def _window(column: str, start_ns: int | None, end_ns: int | None, params: list[
 
 
 # -- per policy ----------------------------------------------------------------------------------------------
+_TPOT_COLUMNS: dict[str, str] = {"worst": "coalesce(max_tpot_ms, tpot_ms)", "mean": "tpot_ms"}
+"""The SQL for each TPOT metric (rows before schema version 2 have no ``max_tpot_ms``: see the module)."""
+
+
 def policy_summary(
-    db: Db, *, start_ns: int | None = None, end_ns: int | None = None, window_s: float | None = None
+    db: Db, *, start_ns: int | None = None, end_ns: int | None = None, window_s: float | None = None,
+    tpot_metric: TpotMetric = DEFAULT_TPOT_METRIC,
 ) -> list[dict[str, Any]]:
     """One dict per batch policy (and per ``window_s`` bucket of finish time, keyed ``window_start_ns``):
-    ``policy`` and the keys of :data:`agent.bench.report.SUMMARY_KEYS`."""
+    ``policy`` and the keys of :data:`agent.bench.report.SUMMARY_KEYS`, TPOT and SLO attainment by ``tpot_metric``."""
     if window_s is not None and window_s <= 0:
         raise ValueError("window_s must be positive")
+    if tpot_metric not in TPOT_METRICS:
+        raise ValueError(f"tpot_metric must be one of {', '.join(TPOT_METRICS)}")
+    tpot = _TPOT_COLUMNS[tpot_metric]
     con, owned = _open(db)
     try:
         params: list[Any] = []
@@ -84,14 +101,20 @@ def policy_summary(
                 count(*) AS requests,
                 count(*) FILTER (NOT refused) AS completed,
                 count(*) FILTER (refused) AS rejected,
-                count(*) FILTER (met_slo) AS met,
+                count(*) FILTER (NOT refused AND ttft_ms <= ttft_slo_ms
+                                 AND ({tpot} IS NULL OR {tpot} <= tpot_slo_ms)) AS met,
                 coalesce(sum(output_tokens), 0) AS output_tokens,
+                coalesce(sum(prompt_tokens) FILTER (NOT refused), 0) AS input_tokens,
                 min(arrival_ns) AS first_arrival_ns,
+                max(arrival_ns) AS last_arrival_ns,
                 max(time_ns) FILTER (NOT refused) AS last_finish_ns,
                 avg(ttft_ms) AS ttft_mean,
                 quantile_cont(ttft_ms, [0.5, 0.9, 0.99]) AS ttft_q,
-                avg(tpot_ms) AS tpot_mean,
-                quantile_cont(tpot_ms, [0.5, 0.9, 0.99]) AS tpot_q
+                avg({tpot}) AS tpot_mean,
+                quantile_cont({tpot}, [0.5, 0.9, 0.99]) AS tpot_q,
+                avg((time_ns - arrival_ns) / 1e6 / output_tokens) FILTER (output_tokens > 0) AS norm_mean,
+                quantile_cont((time_ns - arrival_ns) / 1e6 / output_tokens, [0.5, 0.9, 0.99])
+                    FILTER (output_tokens > 0) AS norm_q
             FROM requests WHERE {where}
             GROUP BY ALL ORDER BY window_start_ns NULLS FIRST, policy NULLS LAST
         """, params)
@@ -112,6 +135,10 @@ def _summary(row: dict[str, Any], start_ns: int | None, window_s: float | None) 
         origin = start_ns if start_ns is not None else row["first_arrival_ns"]
         duration_s = (row["last_finish_ns"] - origin) / 1e9
     span = duration_s if duration_s > 0 else math.nan
+    first, last = row["first_arrival_ns"], row["last_arrival_ns"]
+    arrivals_s = (last - first) / 1e9 if first is not None and last is not None else 0.0
+    offered = row["requests"] / arrivals_s if arrivals_s > 0 else 0.0
+    attainment = met / row["requests"] if row["requests"] else 0.0
     out: dict[str, Any] = {"policy": row["policy"]}
     if window_s is not None:
         out["window_start_ns"] = row["window_start_ns"]
@@ -122,10 +149,14 @@ def _summary(row: dict[str, Any], start_ns: int | None, window_s: float | None) 
         "duration_s": duration_s,
         "throughput_rps": completed / span if completed else 0.0,
         "output_tokens_per_s": row["output_tokens"] / span if completed else 0.0,
+        "input_tokens_per_s": row["input_tokens"] / span if completed else 0.0,
         "goodput_rps": met / span if completed else 0.0,
-        "slo_attainment": met / row["requests"] if row["requests"] else 0.0,
+        "offered_rps": offered,
+        "effective_rps": offered * attainment,
+        "slo_attainment": attainment,
         "ttft_ms": _latency(row["ttft_mean"], row["ttft_q"]),
         "tpot_ms": _latency(row["tpot_mean"], row["tpot_q"]),
+        "normalized_latency_ms": _latency(row["norm_mean"], row["norm_q"]),
     })
     return out
 

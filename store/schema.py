@@ -24,18 +24,19 @@ from typing import Final
 
 import duckdb
 
-SCHEMA_VERSION: Final = 1
-"""Bumped on any change to the tables below; add a migration from the previous version to :data:`MIGRATIONS`."""
+SCHEMA_VERSION: Final = 2
+"""Bumped on any change to the tables below; add a migration from the previous version to :data:`MIGRATIONS`.
 
-MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection], None]] = {}
-"""``MIGRATIONS[v]`` turns a version-``v`` database into a version ``v + 1`` one (inside one transaction)."""
+2: ``requests.max_tpot_ms`` (the worst per-token TPOT) and each unit's placement in ``nodes.units`` (``gpu_ids``,
+``tensor_parallel_size``, ``pipeline_parallel_size``)."""
 
 KEY_COLUMNS: Final = ("node_id VARCHAR!", "boot_ns BIGINT!", "seq BIGINT!", "time_ns BIGINT!")
 """The first four columns of every event table; ``!`` marks NOT NULL."""
 
 UNIT_STRUCT: Final = (
     "STRUCT(unit_id BIGINT, mode VARCHAR, batch_policy VARCHAR, batch_params VARCHAR, num_blocks BIGINT, "
-    "max_num_seqs BIGINT, num_running BIGINT, num_waiting BIGINT)[]"
+    "max_num_seqs BIGINT, num_running BIGINT, num_waiting BIGINT, gpu_ids BIGINT[], tensor_parallel_size BIGINT, "
+    "pipeline_parallel_size BIGINT)[]"
 )
 
 TABLES: Final[dict[str, tuple[str, ...]]] = {
@@ -54,7 +55,7 @@ TABLES: Final[dict[str, tuple[str, ...]]] = {
         "request_id VARCHAR!", "unit_id BIGINT", "refused BOOLEAN!", "arrival_ns BIGINT", "first_token_ns BIGINT",
         "prompt_tokens BIGINT", "output_tokens BIGINT", "num_preemptions BIGINT", "ttft_ms DOUBLE",
         "tpot_ms DOUBLE", "ttft_slo_ms DOUBLE", "tpot_slo_ms DOUBLE", "met_slo BOOLEAN!", "policy VARCHAR",
-        "reason VARCHAR",
+        "reason VARCHAR", "max_tpot_ms DOUBLE",
     ),
     "request_events": (
         "kind VARCHAR!", "request_id VARCHAR!", "unit_id BIGINT", "from_unit_id BIGINT", "prompt_tokens BIGINT",
@@ -83,6 +84,24 @@ TABLES: Final[dict[str, tuple[str, ...]]] = {
     ),
 }
 """Event tables: their columns after :data:`KEY_COLUMNS`, as ``"name TYPE"`` (``!``: NOT NULL)."""
+
+
+def _v1_to_v2(con: duckdb.DuckDBPyConnection) -> None:
+    """``requests.max_tpot_ms`` (NULL in the rows already there: their worst TPOT was never measured) and the units'
+    placement (empty and 0 in the hellos already there, as for a simulated unit). Written out here, not derived from
+    :data:`TABLES`, so that a later version's tables do not change what this step does."""
+    con.execute("ALTER TABLE requests ADD COLUMN max_tpot_ms DOUBLE")
+    con.execute(
+        "ALTER TABLE nodes ALTER COLUMN units SET DATA TYPE STRUCT(unit_id BIGINT, mode VARCHAR, batch_policy VARCHAR, "
+        "batch_params VARCHAR, num_blocks BIGINT, max_num_seqs BIGINT, num_running BIGINT, num_waiting BIGINT, "
+        "gpu_ids BIGINT[], tensor_parallel_size BIGINT, pipeline_parallel_size BIGINT)[] "
+        "USING list_transform(units, lambda u: struct_insert(u, gpu_ids := []::BIGINT[], "
+        "tensor_parallel_size := 0::BIGINT, pipeline_parallel_size := 0::BIGINT))"
+    )
+
+
+MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection], None]] = {1: _v1_to_v2}
+"""``MIGRATIONS[v]`` turns a version-``v`` database into a version ``v + 1`` one (inside one transaction)."""
 
 
 def columns(table: str) -> list[tuple[str, str, bool]]:

@@ -2,13 +2,20 @@
 
 Definitions (the same everywhere the project reports them):
 
-* TTFT = first token time - arrival; TPOT = (last token time - first token time) / (output tokens - 1),
-  undefined for a single output token (such a request meets the TPOT SLO trivially).
-* A request meets its SLO when both its TTFT and its TPOT are within its targets; rejected and unfinished
+* TTFT = first token time - arrival. TPOT is per request, one of two (:data:`agent.telemetry.TpotMetric`, picked
+  by ``tpot_metric``; ``trackside bench --tpot-metric``): ``worst``, the worst per-token TPOT of seed 003 (the
+  largest ``(time of token j - time of token 1) / (j - 1)`` over the request's tokens), or ``mean``, ``(last token
+  time - first token time) / (output tokens - 1)``. Both are undefined for a single output token (such a request
+  meets the TPOT SLO trivially). ``tpot_ms`` reports the chosen one.
+* A request meets its SLO when both its TTFT and its (chosen) TPOT are within its targets; rejected and unfinished
   requests do not.
 * ``duration_s`` runs from time 0 (the workload's start) to the last request's completion.
 * ``goodput_rps`` = requests that met their SLO per second of the run; ``slo_attainment`` = the fraction of
   all requests (rejected included) that met it.
+* ``offered_rps`` = requests over the arrival span (:func:`offered_rps`); ``effective_rps`` = ``offered_rps x
+  slo_attainment``, seed 003's effective RPS (5.1). Unlike ``goodput_rps`` it has no drain tail in its denominator.
+* ``normalized_latency_ms`` = (finish - arrival) / output tokens per request (seed 001's normalized latency, 6.2);
+  ``input_tokens_per_s`` = completed requests' prompt tokens per second of the run (seed 002's prefill tokens/s).
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ from typing import Any
 import numpy as np
 
 from agent.engine.base import RequestOutcome, StepRecord
+from agent.telemetry import DEFAULT_TPOT_METRIC, TpotMetric
 from policies.types import DispatchDecision
 
 SUMMARY_KEYS = (
     "requests", "completed", "rejected", "duration_s", "throughput_rps", "output_tokens_per_s",
-    "goodput_rps", "slo_attainment", "ttft_ms", "tpot_ms",
+    "input_tokens_per_s", "goodput_rps", "offered_rps", "effective_rps", "slo_attainment", "ttft_ms", "tpot_ms",
+    "normalized_latency_ms",
 )
 
 
@@ -39,15 +48,20 @@ def latency_stats(values_s: Sequence[float]) -> dict[str, float | None]:
 
 
 def summarize(
-    outcomes: Iterable[RequestOutcome], *, num_requests: int, num_rejected: int, duration_s: float
+    outcomes: Iterable[RequestOutcome], *, num_requests: int, num_rejected: int, duration_s: float,
+    offered_rps: float | None = None, tpot_metric: TpotMetric = DEFAULT_TPOT_METRIC,
 ) -> dict[str, Any]:
-    """The ``summary`` object of ``trackside bench``'s JSON (keys: :data:`SUMMARY_KEYS`)."""
+    """The ``summary`` object of ``trackside bench``'s JSON (keys: :data:`SUMMARY_KEYS`); ``offered_rps`` None
+    (not known) makes ``effective_rps`` None."""
     done = list(outcomes)
     ttft = [o.ttft_s for o in done]
-    tpot = [t for t in (o.tpot_s for o in done) if t is not None]
-    met = sum(1 for o in done if o.met_slo)
+    tpot = [t for t in (o.tpot_by(tpot_metric) for o in done) if t is not None]
+    met = sum(1 for o in done if o.meets_slo(tpot_metric))
     out_tokens = sum(o.output_tokens for o in done)
+    in_tokens = sum(o.prompt_tokens for o in done)
+    normalized = [(o.finish_s - o.arrival_s) / o.output_tokens for o in done if o.output_tokens > 0]
     span = duration_s if duration_s > 0 else float("nan")
+    attainment = met / num_requests if num_requests else 0.0
     return {
         "requests": num_requests,
         "completed": len(done),
@@ -55,10 +69,14 @@ def summarize(
         "duration_s": duration_s,
         "throughput_rps": len(done) / span if done else 0.0,
         "output_tokens_per_s": out_tokens / span if done else 0.0,
+        "input_tokens_per_s": in_tokens / span if done else 0.0,
         "goodput_rps": met / span if done else 0.0,
-        "slo_attainment": met / num_requests if num_requests else 0.0,
+        "offered_rps": offered_rps,
+        "effective_rps": None if offered_rps is None else offered_rps * attainment,
+        "slo_attainment": attainment,
         "ttft_ms": latency_stats(ttft),
         "tpot_ms": latency_stats(tpot),
+        "normalized_latency_ms": latency_stats(normalized),
     }
 
 

@@ -19,6 +19,7 @@ from agent.engine.sim import FixedCostModel, SimUnit
 from agent.engine.timing import StepTimer
 from agent.runtime.node import Node
 from agent.runtime.records import MigrationConfig, MigrationRecord
+from agent.telemetry import DEFAULT_TPOT_METRIC, TpotMetric
 from agent.workload.types import RequestSpec
 from policies.cost.fit import OnlineStepModel
 from policies.params import ParamError, ParamValue
@@ -81,6 +82,8 @@ class BenchConfig:
     migration: str = "live"
     kv_bandwidth_gb_s: float = 50.0
     faults: tuple[Fault, ...] = ()
+    tpot_metric: TpotMetric = DEFAULT_TPOT_METRIC
+    """Which TPOT the summary's percentiles and SLO attainment use (``agent.bench.report``)."""
 
     def roles(self) -> list[str]:
         """Each unit's role in this topology."""
@@ -97,7 +100,8 @@ class BenchConfig:
         return {
             "profile": self.profile, "units": self.units, "batch_policy": self.batch_policy,
             "dispatch": self.dispatch, "params": dict(self.params), "slo_ttft_ms": self.ttft_slo_ms,
-            "slo_tpot_ms": self.tpot_slo_ms, "seed": self.seed, "time_scale": self.time_scale,
+            "slo_tpot_ms": self.tpot_slo_ms, "tpot_metric": self.tpot_metric, "seed": self.seed,
+            "time_scale": self.time_scale,
             "noise": self.noise, "heterogeneity": self.heterogeneity, "online_fit": self.online_fit,
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "topology": self.topology,
@@ -313,8 +317,10 @@ def run_once(
             progress(node.num_finished + node.num_rejected + len(too_long), total)
     # ``advance`` moves the node clock to the end of its window: the run ends at the last finish.
     duration = max((o.finish_s for o in outcomes), default=0.0)
+    offered = offered_rps([r.arrival_s for r in requests])
     summary = summarize(
-        outcomes, num_requests=total, num_rejected=node.num_rejected + len(too_long), duration_s=duration
+        outcomes, num_requests=total, num_rejected=node.num_rejected + len(too_long), duration_s=duration,
+        offered_rps=offered, tpot_metric=config.tpot_metric,
     )
     return RunResult(
         config=config,
@@ -323,7 +329,7 @@ def run_once(
         unfinished=len(node.unfinished()),
         batch_params=dict(units[0].policy.params),
         dispatch_params=dict(dispatcher.params),
-        offered_rps=offered_rps([r.arrival_s for r in requests]),
+        offered_rps=offered,
         refused=node.num_refused,
         cluster={
             **cluster.as_dict(max_num_batched_tokens=config.max_num_batched_tokens or profile.max_num_batched_tokens),

@@ -23,6 +23,7 @@ from agent.engine.vllm.messages import StepMessage
 from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.requests import ClusterRequest, RequestRejected, RequestStream
+from agent.telemetry import DEFAULT_TPOT_METRIC, TpotMetric
 from agent.workload.prompts import prompt_ids
 from agent.workload.types import RequestSpec
 from policies.base import DispatchPolicy
@@ -41,12 +42,14 @@ class RunResult:
     num_migrations: int = 0
     """Requests moved between units by recompute (for dispatchers that migrate: ``VllmCluster``)."""
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, tpot_metric: TpotMetric = DEFAULT_TPOT_METRIC) -> dict[str, Any]:
+        """Throughput, TTFT, the mean and the worst per-token TPOT, and SLO attainment with ``tpot_metric``'s TPOT."""
         out_tokens = sum(o.output_tokens for o in self.outcomes)
         in_tokens = sum(o.prompt_tokens for o in self.outcomes)
         ttft = sorted(o.ttft_s for o in self.outcomes)
         tpot = sorted(t for o in self.outcomes if (t := o.tpot_s) is not None)
-        met = sum(o.met_slo for o in self.outcomes)
+        worst = sorted(t for o in self.outcomes if (t := o.tpot_by("worst")) is not None)
+        met = sum(o.meets_slo(tpot_metric) for o in self.outcomes)
         n = len(self.outcomes) + len(self.rejected)
         return {
             "requests": len(self.outcomes), "rejected": len(self.rejected), "wall_s": round(self.wall_s, 3),
@@ -54,7 +57,8 @@ class RunResult:
             "total_tok_s": round((in_tokens + out_tokens) / self.wall_s, 1) if self.wall_s else 0.0,
             "ttft_mean_s": _mean(ttft), "ttft_p50_s": _q(ttft, 0.5), "ttft_p99_s": _q(ttft, 0.99),
             "tpot_mean_s": _mean(tpot), "tpot_p50_s": _q(tpot, 0.5), "tpot_p99_s": _q(tpot, 0.99),
-            "slo_attainment": round(met / n, 4) if n else 0.0,
+            "max_tpot_mean_s": _mean(worst), "max_tpot_p50_s": _q(worst, 0.5), "max_tpot_p99_s": _q(worst, 0.99),
+            "tpot_metric": tpot_metric, "slo_attainment": round(met / n, 4) if n else 0.0,
             "goodput_req_s": round(met / self.wall_s, 3) if self.wall_s else 0.0,
             "steps": {u: len(r) for u, r in self.records.items()},
         }

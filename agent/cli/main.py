@@ -20,6 +20,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agent.bench.knee import KneeResult, KneeSearch, knee_sweep
+from agent.bench.report import offered_rps
 from agent.bench.runner import TOPOLOGIES, BenchConfig, Fault, RunResult, run_once, scale_arrivals
 from agent.cli.calibrate import CALIBRATE_COMMANDS, add_calibrate_command
 from agent.cli.node_config import NodeConfigError
@@ -28,12 +30,14 @@ from agent.cli.render import (
     policies_text,
     profiles_table,
     render_cluster,
+    render_knee,
     render_peaks,
     render_runs,
     render_units,
 )
 from agent.cli.serve import HANDLED_ERRORS, SERVE_COMMANDS, add_serve_commands, with_node_config
 from agent.engine.profiles import UnknownProfileError, fit_report, list_profiles, load_profile
+from agent.telemetry import DEFAULT_TPOT_METRIC, TPOT_METRICS
 from agent.workload.spec import describe_presets, parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec, WorkloadError
@@ -89,9 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-policy)",
     )
     bench.add_argument(
-        "--sweep", metavar="time-scale=V1,V2,...",
-        help="load sweep over arrival time scales; reports each policy's peak goodput",
+        "--sweep", metavar="time-scale=V1,V2,...|knee",
+        help="load sweep over arrival time scales, reporting each policy's peak goodput; or 'knee': find the best "
+        "baseline's (vllm, sarathi) load at --slo-target attainment, then run every policy at --knee-points loads "
+        "from 0.8x to 1.3x of it and report each one's sustained load and peak effective RPS against it",
     )
+    bench.add_argument("--knee-points", type=int, default=8, metavar="N",
+                       help="--sweep knee: loads run around the knee (default 8)")
+    bench.add_argument("--knee-band", default="0.8,1.3", metavar="LOW,HIGH",
+                       help="--sweep knee: the band, as multiples of the knee load (default 0.8,1.3)")
     bench.add_argument(
         "--param", action="append", default=[], metavar="NAME=VALUE",
         help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy",
@@ -100,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "profiles`; default h100-llama31-8b), or a profile file from `trackside calibrate`")
     bench.add_argument("--slo-ttft-ms", type=float, default=500.0, help="TTFT target in ms (default 500)")
     bench.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT target in ms (default 50)")
+    bench.add_argument(
+        "--tpot-metric", choices=TPOT_METRICS, default=DEFAULT_TPOT_METRIC,
+        help=f"the TPOT that percentiles and SLO attainment use: worst, each request's worst per-token TPOT (seed "
+        f"003); mean, (last - first token) / (outputs - 1) (default {DEFAULT_TPOT_METRIC}; docs/benchmarks.md)",
+    )
     bench.add_argument(
         "--slo-target", type=float, default=0.9,
         help="attainment at which a sweep reports the sustained load (default 0.9 = 90%% of requests)",
@@ -209,10 +224,10 @@ def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
         if name not in DISPATCH_POLICIES:
             raise CliError(f"unknown dispatch policy {name!r} (known: {', '.join(sorted(DISPATCH_POLICIES))})")
     scales = [1.0]
-    if args.sweep:
+    if args.sweep and args.sweep.strip() != "knee":
         key, sep, values = args.sweep.partition("=")
         if key.strip() != "time-scale" or not sep:
-            raise CliError(f"--sweep takes time-scale=V1,V2,... (got {args.sweep!r})")
+            raise CliError(f"--sweep takes time-scale=V1,V2,... or knee (got {args.sweep!r})")
         try:
             scales = [float(v) for v in _csv(values)]
         except ValueError:
@@ -232,7 +247,8 @@ def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
             raise CliError(f"--param {key}: {owner} has no parameter {name!r} (its parameters: {known})")
     base = BenchConfig(
         profile=args.profile, units=args.units, params=params, ttft_slo_ms=args.slo_ttft_ms,
-        tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, noise=args.noise, heterogeneity=args.heterogeneity,
+        tpot_slo_ms=args.slo_tpot_ms, tpot_metric=args.tpot_metric, seed=args.seed, noise=args.noise,
+        heterogeneity=args.heterogeneity,
         online_fit=not args.no_online_fit, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.kv_blocks,
         topology=args.topology, prefill_units=args.prefill_units, lockstep=args.lockstep, migration=args.migration,
@@ -268,29 +284,42 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         raise CliError("--slo-target must be in (0, 1]")
     configs = _plan_runs(args)
     load_profile(args.profile)  # fail early on an unknown profile
+    knee = _knee_search(args) if args.sweep and args.sweep.strip() == "knee" else None
     results: list[RunResult] = []
     show = not args.no_progress
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
         TimeElapsedColumn(), console=Console(stderr=True), disable=not show, transient=False,
     ) as progress:
-        for config in configs:
+
+        def run_at(config: BenchConfig) -> RunResult:
             label = f"{config.batch_policy}/{config.dispatch}"
             if args.sweep:
-                label += f" x{config.time_scale:g}"
+                label += f" x{config.time_scale:.3g}"
             task = progress.add_task(label, total=len(requests))
 
-            def report(done: int, total: int, task: Any = task) -> None:
+            def report(done: int, total: int) -> None:
                 progress.update(task, completed=done)
 
             result = run_once(config, requests, progress=report)
             progress.update(task, completed=len(requests))
-            results.append(result)
             if result.unfinished:
                 console.print(
                     f"[yellow]warning:[/] {result.unfinished} requests could not be scheduled "
                     f"({label}); they count as missed"
                 )
+            return result
+
+        if knee is not None:
+            try:
+                found = knee_sweep(configs, run_at, knee, offered_rps([r.arrival_s for r in requests]))
+            except ValueError as exc:
+                raise CliError(f"--sweep knee: {exc}") from None
+            results = found.band_runs
+        else:
+            results = [run_at(config) for config in configs]
+    if knee is not None:
+        return _knee_report(console, found, args)
     single = len(results) == 1
     render_runs(console, results)
     if single or any(r.config.dispatch != results[0].config.dispatch for r in results) or args.topology != (
@@ -312,6 +341,30 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
+
+
+def _knee_search(args: argparse.Namespace) -> KneeSearch:
+    low, _, high = args.knee_band.partition(",")
+    try:
+        return KneeSearch(target=args.slo_target, points=args.knee_points, low=float(low), high=float(high))
+    except ValueError as exc:
+        raise CliError(f"--sweep knee: --knee-band LOW,HIGH with 0 < LOW < HIGH and --knee-points >= 2 ({exc})") \
+            from None
+
+
+def _knee_report(console: Console, found: KneeResult, args: argparse.Namespace) -> int:
+    render_knee(console, found)
+    if found.knee_rps is None:
+        console.print("[yellow]no baseline's knee was found[/]: every baseline met the target at the heaviest load "
+                      "tried, or missed it at the lightest (see the search runs; try --time-scale)")
+    if args.json:
+        payload: dict[str, Any] = {"runs": [r.as_run() for r in found.band_runs], "knee": found.as_json()}
+        any_run = (found.band_runs or found.search_runs)[0]
+        payload["config"] = _config_json(any_run, args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0 if found.knee_rps is not None else 1
 
 
 def _config_json(result: RunResult, args: argparse.Namespace) -> dict[str, Any]:

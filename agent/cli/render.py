@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from agent.bench.knee import KneeResult
 from agent.bench.report import slo_capacity
 from agent.bench.runner import RunResult
 from policies.base import BatchPolicy, DispatchPolicy
@@ -28,7 +29,8 @@ def _run_label(r: RunResult, many_scales: bool) -> str:
 SUMMARY_ROWS: tuple[tuple[str, str], ...] = (
     ("completed / requests", "done"), ("rejected", "rejected"), ("duration s", "duration_s"),
     ("throughput req/s", "throughput_rps"), ("output tok/s", "output_tokens_per_s"),
-    ("goodput req/s", "goodput_rps"), ("SLO attainment", "slo_attainment"),
+    ("goodput req/s", "goodput_rps"), ("offered req/s", "offered_rps"), ("effective req/s", "effective_rps"),
+    ("SLO attainment", "slo_attainment"),
     ("TTFT mean / p50 ms", "ttft_ms.mid"), ("TTFT p90 / p99 ms", "ttft_ms.tail"),
     ("TPOT mean / p50 ms", "tpot_ms.mid"), ("TPOT p90 / p99 ms", "tpot_ms.tail"),
 )
@@ -43,6 +45,8 @@ def _cell(summary: dict[str, Any], key: str) -> str:
         a, b = ("mean", "p50") if part == "mid" else ("p90", "p99")
         return f"{_ms(stats[a])} / {_ms(stats[b])}"
     value = summary[key]
+    if value is None:
+        return "-"
     if key == "slo_attainment":
         return f"{100 * value:.1f}%"
     if key == "rejected":
@@ -68,7 +72,8 @@ def render_runs(console: Console, results: Sequence[RunResult]) -> None:
         table.add_column(_run_label(r, many_scales), justify="right")
     for title, key in SUMMARY_ROWS:
         table.add_row(title, *(_cell(r.summary, key) for r in results))
-    table.caption = "a request meets its SLO when TTFT and TPOT are both within target"
+    table.caption = (f"a request meets its SLO when TTFT and TPOT are both within target; TPOT: "
+                     f"{_tpot_caption(results)}; effective: offered x SLO attainment")
     console.print(table)
 
 
@@ -76,7 +81,7 @@ def render_run_rows(console: Console, results: Sequence[RunResult]) -> None:
     """One row per run: the numbers a comparison or a sweep is read for."""
     many_dispatch = len({r.config.dispatch for r in results}) > 1
     table = Table(title="Summary", title_justify="left", **_COMPACT)
-    cols = ["batch", *(["dispatch"] if many_dispatch else []), "scale", "load/s", "goodput/s", "SLO",
+    cols = ["batch", *(["dispatch"] if many_dispatch else []), "scale", "load/s", "goodput/s", "eff/s", "SLO",
             "TTFT p50/p99 ms", "TPOT p50/p99 ms", "rej"]
     width = max(len(r.config.batch_policy) for r in results)
     for col in cols:
@@ -88,12 +93,20 @@ def render_run_rows(console: Console, results: Sequence[RunResult]) -> None:
         s = r.summary
         ttft, tpot = s["ttft_ms"], s["tpot_ms"]
         row = [r.config.batch_policy, *([r.config.dispatch] if many_dispatch else []), f"{r.config.time_scale:g}",
-               f"{r.offered_rps:,.1f}", f"{s['goodput_rps']:,.2f}", f"{100 * s['slo_attainment']:.1f}%",
+               f"{r.offered_rps:,.1f}", f"{s['goodput_rps']:,.2f}", f"{s['effective_rps']:,.2f}",
+               f"{100 * s['slo_attainment']:.1f}%",
                f"{_ms0(ttft['p50'])}/{_ms0(ttft['p99'])}", f"{_ms(tpot['p50'])}/{_ms(tpot['p99'])}",
                f"{s['rejected']:,}"]
         table.add_row(*row)
-    table.caption = "load: offered req/s; SLO: requests meeting TTFT and TPOT targets; rej: rejected or refused"
+    table.caption = ("load: offered req/s; eff: load x SLO; SLO: requests meeting TTFT and TPOT targets; TPOT: "
+                     f"{_tpot_caption(results)}; rej: rejected or refused")
     console.print(table)
+
+
+def _tpot_caption(results: Sequence[RunResult]) -> str:
+    metrics = sorted({r.config.tpot_metric for r in results})
+    names = {"worst": "worst per-token", "mean": "mean per request"}
+    return ", ".join(names.get(m, m) for m in metrics)
 
 
 def _capacity_cell(cap: float | None, never_below: bool) -> str:
@@ -177,6 +190,37 @@ def render_peaks(console: Console, results: Sequence[RunResult], target: float =
                       f"{100 * best.summary['slo_attainment']:.1f}%",
                       _capacity_cell(cap, all(r.summary["slo_attainment"] >= target for r in runs)))
     table.caption = "goodput: requests meeting both SLOs per second; load: offered req/s, interpolated"
+    console.print(table)
+
+
+def render_knee(console: Console, found: KneeResult) -> None:
+    """``--sweep knee``: the baselines' knees, then each policy's sustained load and peak effective RPS in the band."""
+    target = found.search.target
+    knees = Table(title=f"Knee: offered load at {100 * target:g}% SLO attainment", title_justify="left", **_COMPACT)
+    for col in ("baseline", "load req/s", ""):
+        knees.add_column(col, justify="left" if col != "load req/s" else "right")
+    for name, knee_rps in found.baseline_knees.items():
+        knees.add_row(name, "not found" if knee_rps is None else f"{knee_rps:.2f}",
+                      "best" if name == found.baseline else "")
+    console.print(knees)
+    if found.knee_rps is None:
+        return
+    band = found.search.band(found.knee_rps)
+    table = Table(title=f"Around the knee ({found.search.points} loads, {band[0]:.2f}-{band[-1]:.2f} req/s)",
+                  title_justify="left", **_COMPACT)
+    cols = ("policy", f"load at {100 * target:g}% SLO", "x knee", "peak effective req/s", "x best baseline")
+    for col in cols:
+        table.add_column(col, no_wrap=col == "policy", justify="left" if col == "policy" else "right")
+    for row in found.per_policy():
+        sustained = row["sustained_rps"]
+        load = "misses at the lowest" if sustained is None else (
+            f">= {sustained:.2f}" if row["sustained_at_band_top"] else f"{sustained:.2f}")
+        ratio = row["knee_ratio"]
+        eff = row["effective_ratio"]
+        table.add_row(row["policy"], load, "-" if ratio is None else f"{ratio:.3f}",
+                      f"{row['peak_effective_rps']:.2f}", "-" if eff is None else f"{eff:.3f}")
+    table.caption = (f"knee: {found.baseline} at {found.knee_rps:.2f} req/s; effective req/s: offered x SLO "
+                     "attainment (the papers' goodput); load: interpolated offered req/s")
     console.print(table)
 
 

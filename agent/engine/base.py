@@ -8,10 +8,11 @@ when that time has passed. Every step yields a :class:`StepRecord`; requests yie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from agent.telemetry import DEFAULT_TPOT_METRIC, TpotMetric
 from policies.base import BatchPolicy
 from policies.cost.step_model import StepCoefficients
 from policies.params import ParamValue
@@ -70,6 +71,22 @@ class StepRecord:
         return self.kv_used_blocks / self.num_blocks if self.num_blocks else 0.0
 
 
+def token_tpot_s(first_token_s: float, index: int, time_s: float) -> float:
+    """The TPOT of a request's output token number ``index`` (from 1; ``index >= 2``) out at ``time_s``: seed 003's
+    ``TPOT_ij = (OutputTime_ij - OutputTime_i1) / (j - 1)`` (:data:`agent.telemetry.TpotMetric`)."""
+    return (time_s - first_token_s) / (index - 1)
+
+
+def worst_tpot_s(token_times_s: Sequence[float]) -> float | None:
+    """The worst per-token TPOT of a request whose output tokens came out at ``token_times_s`` (in order; a token
+    delivered with others has their common time); None for fewer than two tokens. Engines track the same running
+    maximum token by token (:func:`token_tpot_s`) instead of keeping the times."""
+    if len(token_times_s) < 2:
+        return None
+    first = token_times_s[0]
+    return max(token_tpot_s(first, j, t) for j, t in enumerate(token_times_s[1:], start=2))
+
+
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
     """A finished request's timeline on one unit."""
@@ -84,6 +101,10 @@ class RequestOutcome:
     num_preemptions: int
     ttft_slo_s: float
     tpot_slo_s: float
+    max_tpot_s: float | None = None
+    """The worst per-token TPOT (:func:`worst_tpot_s`), tracked by the engine as tokens come out (across
+    migrations); None for a single output token, or where nothing tracked it (an outcome built by hand): the
+    ``worst`` metric then falls back to the mean."""
 
     @property
     def ttft_s(self) -> float:
@@ -91,15 +112,27 @@ class RequestOutcome:
 
     @property
     def tpot_s(self) -> float | None:
-        """``(last token - first token) / (outputs - 1)``; None for a single output token."""
+        """The mean TPOT, ``(last token - first token) / (outputs - 1)``; None for a single output token."""
         if self.output_tokens < 2:
             return None
         return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
 
+    def tpot_by(self, metric: TpotMetric) -> float | None:
+        """The TPOT that ``metric`` names (``worst``: :attr:`max_tpot_s`; ``mean``: :attr:`tpot_s`)."""
+        mean = self.tpot_s
+        if metric == "mean" or mean is None or self.max_tpot_s is None:
+            return mean
+        return self.max_tpot_s
+
+    def meets_slo(self, metric: TpotMetric) -> bool:
+        """TTFT and the ``metric`` TPOT both within their targets (a single output token meets the TPOT's)."""
+        tpot = self.tpot_by(metric)
+        return self.ttft_s <= self.ttft_slo_s and (tpot is None or tpot <= self.tpot_slo_s)
+
     @property
     def met_slo(self) -> bool:
-        tpot = self.tpot_s
-        return self.ttft_s <= self.ttft_slo_s and (tpot is None or tpot <= self.tpot_slo_s)
+        """:meth:`meets_slo` with :data:`agent.telemetry.DEFAULT_TPOT_METRIC` (what the wire's ``met_slo`` says)."""
+        return self.meets_slo(DEFAULT_TPOT_METRIC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +148,8 @@ class Migrant:
     computed_tokens: int
     first_token_s: float | None
     num_preemptions: int
+    max_tpot_s: float | None = None
+    """The worst per-token TPOT so far (None before a second output token), carried to the next unit."""
 
     @property
     def request_id(self) -> str:

@@ -17,7 +17,8 @@ Mechanism (the same for every policy; the policy only plans):
   victim is the request itself, it is skipped. A step that preempted admits no waiting request.
 * **Tokens**: a step that brings a request's computed tokens up to its known tokens samples one output
   token at the step's end; the request finishes when it has its target output length (or reaches
-  ``max_model_len``) and frees its blocks then.
+  ``max_model_len``) and frees its blocks then. Every token after a request's first updates its worst per-token
+  TPOT (a running maximum beside the first token's time: no token times are kept).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class _Req:
     """Mutable per-request state inside a unit."""
 
     __slots__ = (
-        "blocks", "computed", "first_token_s", "load_cache", "migrating", "num_preemptions", "output", "spec",
-        "target", "view_cache",
+        "blocks", "computed", "first_token_s", "load_cache", "max_tpot_s", "migrating", "num_preemptions", "output",
+        "spec", "target", "view_cache",
     )
 
     def __init__(self, spec: SubmittedRequest) -> None:
@@ -57,6 +58,8 @@ class _Req:
         self.output = 0
         self.blocks = 0
         self.first_token_s: float | None = None
+        self.max_tpot_s: float | None = None
+        """The worst per-token TPOT so far (``RequestOutcome.max_tpot_s``)."""
         self.num_preemptions = 0
         self.migrating = False
         self.view_cache: RequestView | None = None
@@ -77,7 +80,7 @@ class _Req:
         return c
 
     def migrant(self) -> Migrant:
-        return Migrant(self.spec, self.output, self.computed, self.first_token_s, self.num_preemptions)
+        return Migrant(self.spec, self.output, self.computed, self.first_token_s, self.num_preemptions, self.max_tpot_s)
 
     def view(self) -> RequestView:
         v = self.view_cache
@@ -304,6 +307,7 @@ class SimUnit:
         req = _Req(s)
         req.output = migrant.output_tokens
         req.first_token_s = migrant.first_token_s
+        req.max_tpot_s = migrant.max_tpot_s
         req.num_preemptions = migrant.num_preemptions
         blocks = self._blocks_for(migrant.computed_tokens)
         kept = (
@@ -481,9 +485,15 @@ class SimUnit:
             req.view_cache = None
             if req.computed == req.num_tokens:
                 req.output += 1
-                if req.first_token_s is None:
+                first = req.first_token_s
+                if first is None:
                     req.first_token_s = now_s
                     first_tokens.append(req.spec.request_id)
+                else:  # the worst per-token TPOT, as a running maximum (agent.engine.base.token_tpot_s)
+                    tpot = (now_s - first) / (req.output - 1)
+                    worst = req.max_tpot_s
+                    if worst is None or tpot > worst:
+                        req.max_tpot_s = tpot
                 if req.output >= req.target or req.num_tokens >= self.max_model_len:
                     done.append(req)
             queued += _outstanding_prefill(req)
@@ -500,7 +510,7 @@ class SimUnit:
             finished.append(
                 RequestOutcome(
                     s.request_id, self.unit_id, s.arrival_s, req.first_token_s, now_s, s.prompt_tokens,
-                    req.output, req.num_preemptions, s.ttft_slo_s, s.tpot_slo_s,
+                    req.output, req.num_preemptions, s.ttft_slo_s, s.tpot_slo_s, req.max_tpot_s,
                 )
             )
         measured = now_s - start_s

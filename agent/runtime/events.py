@@ -108,7 +108,7 @@ def step_event(record: StepRecord, origin: NodeOrigin) -> StepEvent:
 
 
 def request_finished(outcome: RequestOutcome, origin: NodeOrigin) -> RequestFinished:
-    tpot = outcome.tpot_s
+    tpot, worst = outcome.tpot_s, outcome.tpot_by("worst")
     return RequestFinished(
         node_id=origin.node_id,
         time_ns=origin.ns(outcome.finish_s),
@@ -124,6 +124,7 @@ def request_finished(outcome: RequestOutcome, origin: NodeOrigin) -> RequestFini
         ttft_slo_ms=outcome.ttft_slo_s * 1e3,
         tpot_slo_ms=outcome.tpot_slo_s * 1e3,
         met_slo=outcome.met_slo,
+        max_tpot_ms=None if worst is None else worst * 1e3,
     )
 
 

@@ -91,12 +91,11 @@ def served_headers(streams: Sequence[RequestStream]) -> list[tuple[bytes, bytes]
         out.append((b"x-trackside-unit", str(stream.unit_id).encode()))
     o = stream.outcome
     if o is not None:
-        ttft_ms = (o.first_token_s - o.arrival_s) * 1e3
-        tpot_ms = (o.finish_s - o.first_token_s) / (o.output_tokens - 1) * 1e3 if o.output_tokens > 1 else 0.0
-        met = ttft_ms <= o.ttft_slo_s * 1e3 and tpot_ms <= o.tpot_slo_s * 1e3
-        out += [(b"x-trackside-ttft-ms", f"{ttft_ms:.1f}".encode()),
-                (b"x-trackside-tpot-ms", f"{tpot_ms:.2f}".encode()),
-                (b"x-trackside-slo-met", b"true" if met else b"false")]
+        tpot, worst = o.tpot_s, o.tpot_by("worst")
+        out += [(b"x-trackside-ttft-ms", f"{o.ttft_s * 1e3:.1f}".encode()),
+                (b"x-trackside-tpot-ms", f"{(tpot or 0.0) * 1e3:.2f}".encode()),
+                (b"x-trackside-max-tpot-ms", f"{(worst or 0.0) * 1e3:.2f}".encode()),
+                (b"x-trackside-slo-met", b"true" if o.met_slo else b"false")]
     return out
 
 

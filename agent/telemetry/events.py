@@ -27,6 +27,22 @@ MAX_BATCH_EVENTS: Final = 4096
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
+TpotMetric = Literal["worst", "mean"]
+"""Which TPOT of a request a report and its SLO check use (``docs/benchmarks.md``, "TPOT"):
+
+* ``worst``: the worst per-token TPOT, FairBatching's (seed 003, sections 2.2 and 5.1): the largest, over the
+  request's output tokens ``j >= 2``, of ``(time of token j - time of token 1) / (j - 1)`` (a running mean from the
+  first token, not the largest gap between two tokens: a stall counts in full just after the first token and less
+  the later it comes);
+* ``mean``: ``(time of the last token - time of the first) / (outputs - 1)``, which is the worst's value at the last
+  token (so never above the worst).
+
+Both are undefined for a single output token (such a request meets its TPOT target trivially)."""
+
+TPOT_METRICS: Final[tuple[TpotMetric, ...]] = get_args(TpotMetric)
+DEFAULT_TPOT_METRIC: Final[TpotMetric] = "worst"
+"""The TPOT ``met_slo`` (wire, store) and ``trackside bench`` use unless told otherwise."""
+
 
 class ErrorCode(enum.StrEnum):
     """Why a frame or a command was refused: the codes this module and the wire core give.
@@ -210,10 +226,15 @@ class RequestFinished(EventBase, frozen=True, kw_only=True, tag="request_finishe
     num_preemptions: int
     ttft_ms: float
     tpot_ms: float | None
-    """None for a single output token."""
+    """The mean TPOT (:data:`TpotMetric` ``mean``); None for a single output token."""
     ttft_slo_ms: float
     tpot_slo_ms: float
     met_slo: bool
+    """TTFT and the :data:`DEFAULT_TPOT_METRIC` TPOT within their targets (an agent without ``max_tpot_ms``: the
+    mean TPOT)."""
+    max_tpot_ms: float | None = None
+    """The worst per-token TPOT (:data:`TpotMetric` ``worst``); None for a single output token, and from an agent that
+    predates the field (an optional field, added without a protocol version change)."""
 
 
 class RequestPreempted(EventBase, frozen=True, kw_only=True, tag="request_preempted"):

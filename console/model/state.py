@@ -349,8 +349,10 @@ class ConsoleState:
             flow.finished += 1
             flow.met += event.met_slo
             flow.ttft_ms.append(event.ttft_ms)
-            if event.tpot_ms is not None:
-                flow.tpot_ms.append(event.tpot_ms)
+            # The TPOT met_slo judged (the worst per-token one; the mean from an agent that does not send it).
+            tpot = event.max_tpot_ms if event.max_tpot_ms is not None else event.tpot_ms
+            if tpot is not None:
+                flow.tpot_ms.append(tpot)
 
     def _on_refused(self, event: RequestRefused, node: NodeInfo) -> None:
         for flow in self._flows(node, event.unit_id, event.time_ns):

@@ -15,15 +15,28 @@ Groups (lines 21-33). (1) urgent decodes, ``s_i < init + min tpot`` (skipping th
 miss their deadline next step); (2) prefills (running chunks, recomputes and waiting requests); (3) the
 other decodes. Each group sorted by slack ascending; walked in that order.
 
-Cost and chunking (lines 36-47). With the unit's step model ``T = a + b * new + c * ctx`` (ctx counts the
-request's context after the step, the calibration records' definition) request i with ``k_i`` computed
-tokens costs ``b * n + c * (k_i + n) = (b + c) * n + c * k_i`` for ``n`` new tokens. It is taken whole when
-that fits both budgets; otherwise, if its context cost ``c * k_i`` fits, a chunk of
-``n = min(token_budget, floor((B_t - c * k_i) / (b + c)))`` tokens (the paper writes
+Cost and chunking (lines 36-47). With the unit's step model ``T = a + b * new + c * ctx + d * requests``
+(ctx counts the request's context after the step, the calibration records' definition; ``d`` is the engine
+loop's time per scheduled request, ``StepCoefficients.d_s``) request i with ``k_i`` computed tokens costs
+``b * n + c * (k_i + n) + d = (b + c) * n + c * k_i + d`` for ``n`` new tokens. It is taken whole when that
+fits both budgets; otherwise, if its fixed cost ``c * k_i + d`` fits, a chunk of
+``n = min(token_budget, floor((B_t - c * k_i - d) / (b + c)))`` tokens (the paper writes
 ``(B_t - c * context_i) / b`` with ``context_i`` the old context; ours adds the chunk's own attention
 term, as the calibrated model does). What is taken is subtracted from both budgets. The paper's line 45
 adds ``c * context_i`` back by a sign slip; we subtract it. Non-urgent decodes that do not fit are held
 back: that is how slack is reclaimed for prefill bursts.
+
+Engine loop and margin (not in the paper; issue 19, item 5). The paper's model has no ``d``: a step of 400
+short decodes then really lasts 400 * 8.4 us = 3.4 ms (H100 8B) longer than planned. And the planner fills
+a step to its deadline exactly, so any step that runs longer than predicted, by however little, makes the
+most urgent request's token late, and under seed 003's metric (the worst per-token TPOT) one late token
+fails the request. So the step is planned to end ``margin`` before ``init``: ``B_t = init / (1 + q) - a``
+with ``q`` the ``margin_quantile`` (0.99) of the relative errors ``measured / predicted - 1`` of the last
+256 steps (this policy's own prediction, ``d`` included, against the measured duration in ``observe_step``),
+clipped to ``[0, 0.5]``; ``margin_quantile = 0`` is the paper's zero margin. The margin never delays an
+urgent decode (they are always taken) and the urgent threshold still uses ``init``. ``d`` comes with the
+coefficients (a profile's ``loop_overhead_us_per_request``); it is 0 where the agent does not pass it, and
+then the margin alone absorbs the loop's time, as far as the measured step times contain it.
 
 Decisions where the paper is silent (tested):
 
@@ -40,12 +53,13 @@ Prefill admission budget (seed 003, section 4 and appendix A), computed every st
 decodes and all prefills ``D u P`` with global targets TTFT and TPOT:
 
     N_steps = (TTFT - min_i s_i) / TPOT + 1                      (steps the most urgent request needs)
-    PAB = [TTFT - N_steps * a - sum_{s_i < TTFT} ((TTFT - s_i) / TPOT) * (b + c * L_i)] / (b + c)
+    PAB = [TTFT - N_steps * a - sum_{s_i < TTFT} ((TTFT - s_i) / TPOT) * (b + d + c * L_i)] / (b + c)
           - sum_{i in P} remaining_prompt_i
 
 Within a new request's TTFT window each existing request i must sample ``(TTFT - s_i) / TPOT`` tokens,
-each costing ``b + c * L_i``; the window also pays ``a`` per step; what is left, at ``b + c`` per prefill
-token, is the prefill capacity, minus prefill already queued. ``N_steps`` is at least 1 (the new request's
+each costing ``b + c * L_i`` (plus the engine loop's ``d``, 0 in the paper); the window also pays ``a``
+per step; what is left, at ``b + c`` per prefill token, is the prefill capacity, minus prefill already
+queued. ``N_steps`` is at least 1 (the new request's
 own step). On an empty unit ``PAB = (TTFT - a) / (b + c)``. Between steps the exported budget is
 decremented by every prompt the unit accepted (the paper's coordinator does the same in its local view),
 and reset to the empty-unit value when the unit runs dry. ``fairbatching+pab`` refuses a request whose
@@ -55,6 +69,7 @@ prompt exceeds the budget; the node counts it as rejected.
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import ClassVar
 
 from policies.base import BatchPolicy
@@ -94,8 +109,20 @@ class FairBatching(BatchPolicy):
             "waiting_scan", "int", 512, "waiting requests considered per step, in queue order",
             unit="requests", min=1,
         ),
+        ParamSpec(
+            "margin_quantile", "float", 0.99,
+            "plan each step to end early by this quantile of the recent relative prediction errors "
+            "(measured / predicted - 1, last 256 steps; 1 = the largest); 0 = plan to the deadline itself (the paper)",
+            min=0.0, max=1.0,
+        ),
     )
     refuses_over_budget: ClassVar[bool] = False
+    margin_window: ClassVar[int] = 256
+    """Steps whose prediction errors the margin is taken from."""
+    margin_refresh: ClassVar[int] = 16
+    """Steps between two recomputations of the margin (a sort of ``margin_window`` floats)."""
+    margin_max: ClassVar[float] = 0.5
+    """Largest relative margin (a step planned to at least 2/3 of its deadline), whatever the errors."""
 
     def configure(self) -> None:
         self.token_cap = int(self.params["token_budget"])
@@ -103,13 +130,17 @@ class FairBatching(BatchPolicy):
         self.pab_tpot_s = float(self.params["pab_tpot_ms"]) / 1e3
         self.waiting_scan = int(self.params["waiting_scan"])
         self.first_token_anchor = self.params["anchor"] == "first_token"
+        self.margin_quantile = float(self.params["margin_quantile"])
         if not hasattr(self, "_pab"):
+            self._errors: deque[float] = deque(maxlen=self.margin_window)
+            self._since_margin = 0
             self._pab: float | None = None
             self._accepted = 0
             self._empty_pab: float | None = None
             self._last_ttft_s = self.pab_ttft_s or 0.5
             self._last_tpot_s = self.pab_tpot_s or 0.05
             self._last_cost: StepCoefficients | None = None
+        self._margin_rel = self._error_quantile()
 
     # -- admission budget ------------------------------------------------------------------------------
     def admission_budget_tokens(self) -> float | None:
@@ -133,18 +164,38 @@ class FairBatching(BatchPolicy):
         return (self._last_ttft_s - cost.a_s) / max(cost.b_s + cost.c_s, 1e-12)
 
     def observe_step(self, feedback: StepFeedback) -> None:
+        cost = self._last_cost
+        if cost is not None and feedback.measured_s > 0.0:
+            # The error of the prediction this policy planned with (the coefficients of the plan, the loop term
+            # included), not the unit's ``predicted_s``, which may leave the loop term out.
+            predicted = cost.predict_s(feedback.new_tokens, feedback.context_tokens, feedback.num_requests)
+            if predicted > 0.0:
+                self._errors.append(feedback.measured_s / predicted - 1.0)
+                self._since_margin += 1
+                if self._since_margin >= self.margin_refresh:
+                    self._margin_rel = self._error_quantile()
         if feedback.num_unfinished == 0:
             self._pab = None
             self._accepted = 0
             self._empty_pab = self._empty_budget(self._last_cost) if self._last_cost is not None else None
+
+    def _error_quantile(self) -> float:
+        """The ``margin_quantile`` of the recent relative errors, within ``[0, margin_max]`` (0 when off)."""
+        self._since_margin = 0
+        errors = self._errors
+        if self.margin_quantile <= 0.0 or not errors:
+            return 0.0
+        q = sorted(errors)[min(len(errors) - 1, int(self.margin_quantile * len(errors)))]
+        return min(max(q, 0.0), self.margin_max)
 
     # -- the step --------------------------------------------------------------------------------------
     def plan(self, unit: UnitView, now_s: float) -> StepPlan:
         # The per-step hot path (hundreds of requests): plain loops over locals, no per-request helpers.
         cost = unit.cost
         self._last_cost = cost
-        a, b, c = cost.a_s, cost.b_s, cost.c_s
+        a, b, c, d = cost.a_s, cost.b_s, cost.c_s, cost.d_s
         bc = max(b + c, 1e-12)
+        bcd = bc + d  # a decode: b + c * (k + 1) + d = bcd + c * k
         cap = unit.max_num_batched_tokens
         if self.token_cap:
             cap = min(cap, self.token_cap)
@@ -179,7 +230,7 @@ class FairBatching(BatchPolicy):
             num_tokens = r.prompt_tokens + out
             pending += num_tokens - r.computed_tokens
             if s < pab_ttft:
-                work += (pab_ttft - s) * (b + c * num_tokens)
+                work += (pab_ttft - s) * (b + d + c * num_tokens)
             if s < min_slack:
                 min_slack = s
             if tpot < min_tpot:
@@ -200,7 +251,9 @@ class FairBatching(BatchPolicy):
         prefill_idx.sort(key=key)
 
         new = tuple.__new__
-        time_budget = init - a
+        # The step must end by ``init``; it is planned to end ``margin`` earlier (the measured prediction error).
+        margin = init * self._margin_rel / (1.0 + self._margin_rel) if self._margin_rel and reqs else 0.0
+        time_budget = init - margin - a
         token_budget = cap
         running_entries: list[ScheduledTokens] = []
         waiting_entries: list[ScheduledTokens] = []
@@ -215,7 +268,7 @@ class FairBatching(BatchPolicy):
                 continue
             k = r.computed_tokens
             urgent_ctx += k
-            t = bc + c * k
+            t = bcd + c * k
             if t > time_budget:
                 urgent_over_budget += 1
             running_entries.append(new(ScheduledTokens, (rid, 1)))
@@ -250,10 +303,11 @@ class FairBatching(BatchPolicy):
             full = min(r.prompt_tokens + r.output_tokens - k, max_len - 1 - k)
             if full <= 0:
                 continue
-            if full <= token_budget and bc * full + c * k <= time_budget:
+            fixed = c * k + d  # its context and its engine-loop share, whatever the chunk
+            if full <= token_budget and bc * full + fixed <= time_budget:
                 n = full
-            elif c * k <= time_budget:
-                by_time = int((time_budget - c * k) // bc)
+            elif fixed <= time_budget:
+                by_time = int((time_budget - fixed) // bc)
                 n = min(token_budget, by_time, full)
                 chunk_limit = "tokens" if token_budget <= by_time else "time"
             else:
@@ -261,7 +315,7 @@ class FairBatching(BatchPolicy):
             if n <= 0:
                 continue
             (waiting_entries if waiting else running_entries).append(new(ScheduledTokens, (r.request_id, n)))
-            time_budget -= bc * n + c * k
+            time_budget -= bc * n + fixed
             token_budget -= n
             prefill_chunks += 1
             prefill_tokens += n
@@ -280,7 +334,7 @@ class FairBatching(BatchPolicy):
             relaxed_ctx = decode_ctx - urgent_ctx
             if urgent_taken < len(urgent):
                 relaxed_ctx = sum(reqs[i].computed_tokens for i in relaxed)
-            total = bc * len(relaxed) + c * relaxed_ctx
+            total = bcd * len(relaxed) + c * relaxed_ctx
             fits = total <= time_budget and len(relaxed) <= token_budget
         if relaxed and fits:
             ids = [reqs[i].request_id for i in relaxed]
@@ -295,7 +349,7 @@ class FairBatching(BatchPolicy):
                 r = reqs[i]
                 rid = r.request_id
                 running_order.append(rid)
-                t = bc + c * r.computed_tokens
+                t = bcd + c * r.computed_tokens
                 if token_budget >= 1 and t <= time_budget:
                     running_entries.append(new(ScheduledTokens, (rid, 1)))
                     time_budget -= t
@@ -311,12 +365,13 @@ class FairBatching(BatchPolicy):
         ttft = self.pab_ttft_s or (min_ttft if min_ttft != math.inf else self._last_ttft_s)
         if ttft != pab_ttft:
             work = sum(
-                (ttft - slacks[i]) * (b + c * (r.prompt_tokens + r.output_tokens))
+                (ttft - slacks[i]) * (b + d + c * (r.prompt_tokens + r.output_tokens))
                 for i, r in enumerate(reqs) if slacks[i] < ttft
             )
         pab = self._update_pab(ttft, work, pending - len(decode_idx), min_slack, min_tpot, a, b, c, bool(reqs))
         reasons: dict[str, ReasonValue] = {
             "time_budget_ms": round((init - a) * 1e3, 3),
+            "margin_ms": round(margin * 1e3, 3),
             "min_slack_ms": round(min_slack * 1e3, 3),
             "urgent_decodes": len(urgent),
             "urgent_over_budget": urgent_over_budget,
@@ -329,7 +384,8 @@ class FairBatching(BatchPolicy):
             "urgent_decodes_taken": urgent_taken,
             "decodes_taken": decodes,
             "decodes_held_back": held,
-            "predicted_step_ms": round((init - time_budget) * 1e3, 3),
+            "predicted_step_ms": round((init - margin - time_budget) * 1e3, 3),
+            "loop_ms": round(d * (len(running_entries)) * 1e3, 3),
             "pab_tokens": round(pab, 1),
         }
         if held:

@@ -1,5 +1,9 @@
 """Fitting the step-time model ``T = a + b * new_tokens + c * context_tokens`` (POLICIES.md section 4).
 
+The engine-loop term ``d * num_requests`` of :class:`~policies.cost.step_model.StepCoefficients` is not
+fitted here: it comes with the prior (a profile measures it from wall time against summed step times) and
+:class:`OnlineStepModel` carries it unchanged (see there for why).
+
 Two estimators share the model of :class:`~policies.cost.step_model.StepCoefficients`:
 
 - :func:`fit_step_model`: ordinary least squares over a batch of step records (the calibration profiles are
@@ -158,12 +162,22 @@ class OnlineStepModel:
     numpy scalars) and 0.13 us per :meth:`predict_s`, measured on CPython 3.11.7 on a 2-core Xeon by
     replaying the 3,913 records of the 8B profile 25 times; a step lasts 4-200 ms.
 
+    **The engine-loop term.** ``d`` (seconds per scheduled request, ``StepCoefficients.d_s``) is taken from
+    the prior and never refitted. The step records cannot carry it: on a vLLM engine the measured window
+    (``schedule()`` to ``update_from_output()``) leaves the loop's output processing out, and where a
+    measurement does include it (the simulator's step durations) a pure-decode step has ``num_requests ==
+    new_tokens``, so ``d`` and ``b`` are the same direction and only the mix of prefill chunks would tell them
+    apart: an online ``d`` would swing with the workload's mix. Pass ``num_requests`` to :meth:`update` when
+    the measured time includes the loop term (``d * num_requests`` is then taken off before ``a, b, c`` are
+    fitted, so they do not absorb it twice); leave it out when the measurement window excludes the loop.
+    :meth:`predict_s` adds ``d * num_requests`` when given the count.
+
     The coefficients are unconstrained: with bad data ``b`` or ``c`` can become negative, so callers
     that divide by them must guard.
     """
 
     __slots__ = (
-        "_clip", "_inv_c", "_inv_n", "_inv_t", "_lam", "_num_updates", "_p00", "_p01", "_p02", "_p11",
+        "_clip", "_d", "_inv_c", "_inv_n", "_inv_t", "_lam", "_num_updates", "_p00", "_p01", "_p02", "_p11",
         "_p12", "_p22", "_prior", "_prior_strength", "_s_c", "_s_n", "_s_t", "_th0", "_th1", "_th2",
         "_trace_max",
     )
@@ -197,7 +211,7 @@ class OnlineStepModel:
                              ("context_scale", context_scale)):
             if not (scale > 0.0 and math.isfinite(scale)):
                 raise ValueError(f"{label} must be positive and finite, got {scale}")
-        if not all(math.isfinite(v) for v in (prior.a_s, prior.b_s, prior.c_s)):
+        if not all(math.isfinite(v) for v in (prior.a_s, prior.b_s, prior.c_s, prior.d_s)):
             raise ValueError(f"prior coefficients must be finite, got {prior}")
         self._prior = prior
         self._prior_strength = float(prior_strength)
@@ -213,6 +227,7 @@ class OnlineStepModel:
         if prior is not None:
             self._prior = prior
         p = self._prior
+        self._d = p.d_s
         self._th0 = p.a_s * self._inv_t
         self._th1 = p.b_s * self._s_n * self._inv_t
         self._th2 = p.c_s * self._s_c * self._inv_t
@@ -220,12 +235,17 @@ class OnlineStepModel:
         self._p00, self._p01, self._p02, self._p11, self._p12, self._p22 = d, 0.0, 0.0, d, 0.0, d
         self._num_updates = 0
 
-    def update(self, new_tokens: int, context_tokens: int, measured_s: float) -> float:
+    def update(
+        self, new_tokens: int, context_tokens: int, measured_s: float, num_requests: int | None = None
+    ) -> float:
         """Fold in one measured step; return the relative error of the prediction made *before* it.
 
         ``new_tokens``: tokens computed in the step; ``context_tokens``: sum over the scheduled requests
-        of computed-so-far plus new tokens; ``measured_s``: the step's duration in seconds (> 0).
-        Returns ``(predicted - measured) / measured`` (positive: the model was too slow).
+        of computed-so-far plus new tokens; ``measured_s``: the step's duration in seconds (> 0);
+        ``num_requests``: the requests scheduled in the step, given only when ``measured_s`` includes the
+        engine-loop term ``d * num_requests`` (it is then taken off before fitting; None: the measurement
+        leaves the loop out). Returns ``(predicted - measured) / measured`` (positive: the model was too
+        slow), the prediction including ``d * num_requests`` when the count is given.
         """
         if not (measured_s > 0.0 and math.isfinite(measured_s)):
             raise ValueError(f"measured_s must be a positive finite number of seconds, got {measured_s}")
@@ -235,7 +255,14 @@ class OnlineStepModel:
         x2 = float(context_tokens) * self._inv_c
         y = float(measured_s) * self._inv_t
         pred = self._th0 + self._th1 * x1 + self._th2 * x2
-        rel_error = (pred - y) / y
+        if num_requests:
+            if num_requests < 0:
+                raise ValueError(f"num_requests must be >= 0, got {num_requests}")
+            loop = self._d * float(num_requests) * self._inv_t
+            rel_error = (pred + loop - y) / y
+            y -= loop  # what a, b and c must explain (may be <= 0 for a wild d: the clip below bounds it)
+        else:
+            rel_error = (pred - y) / y
         p00, p01, p02, p11, p12, p22 = self._p00, self._p01, self._p02, self._p11, self._p12, self._p22
         v0 = p00 + p01 * x1 + p02 * x2  # v = P x, with x = (1, x1, x2)
         v1 = p01 + p11 * x1 + p12 * x2
@@ -266,18 +293,21 @@ class OnlineStepModel:
         self._num_updates += 1
         return rel_error
 
-    def predict_s(self, new_tokens: int, context_tokens: int) -> float:
-        """Predicted step duration (seconds) under the current coefficients."""
+    def predict_s(self, new_tokens: int, context_tokens: int, num_requests: int = 0) -> float:
+        """Predicted step duration (seconds) under the current coefficients (``num_requests`` scheduled
+        requests; 0 leaves the loop term out)."""
         return (self._th0 + self._th1 * new_tokens * self._inv_n
-                + self._th2 * context_tokens * self._inv_c) * self._s_t
+                + self._th2 * context_tokens * self._inv_c) * self._s_t + self._d * num_requests
 
     @property
     def coefficients(self) -> StepCoefficients:
-        """Current estimate in unscaled units (seconds, seconds per token, seconds per context token)."""
+        """Current estimate in unscaled units (seconds, seconds per token, seconds per context token), with
+        the prior's engine-loop ``d`` (seconds per request)."""
         return StepCoefficients(
             a_s=self._th0 * self._s_t,
             b_s=self._th1 * self._s_t * self._inv_n,
             c_s=self._th2 * self._s_t * self._inv_c,
+            d_s=self._d,
         )
 
     @property

@@ -5,7 +5,8 @@ Every unit whose batch policy computes a prefill admission budget (PAB, in token
 request in arrival order, picks the unit whose budget covers the prompt with the largest remaining
 budget, then subtracts the prompt from that unit's copy, so that several requests in one call do not all
 land on the same unit. A request that no unit can take waits (``when_full=wait``; smaller requests behind
-it may still be placed) or is rejected (``when_full=reject``).
+it may still be placed), for at most a fraction of its TTFT SLO before a fallback places it (rule 4 below),
+or is rejected (``when_full=reject``).
 
 Refreshing the local copy. The copy is replaced by the reported value when the unit reports a new step
 (``steps_done`` changed) *or* when the reported value itself changed. The second rule matters because
@@ -28,8 +29,36 @@ received a request) are handled as follows, in order of preference for a request
 Ties go to the lower load score, then the lower unit id. Liveness in ``wait`` mode: a held request waits
 for a step report (``wants_step_reports``), which comes as long as some candidate unit has work; when none
 has any, rule 3 places it. ``recheck_ms`` adds a periodic wake-up as a safety net for nodes whose reports
-can be lost. A prompt larger than every busy unit's budget can still wait a long time under sustained load;
-``when_full=reject`` is the overload answer.
+can be lost.
+
+Bounded wait (issue #19). Rules 1-3 alone let a prompt larger than every busy unit's budget wait without
+bound under sustained load while smaller later requests are placed past it (issue #19 saw a TTFT p99 3-6
+times ``least_loaded``'s at overload; 1.3-2.1 times at TTFT 500 ms in docs/dispatch-pab.md). So in
+``wait`` mode a request waits at most ``max_wait_ttft_frac`` of its own TTFT SLO, counted from its arrival
+(``now_s - arrival_s``; the policy reads no clock); from then on, if no unit's budget covers it still, it is
+placed by the fallback:
+
+4. ``fallback=largest_budget`` (default): the unit with the largest remaining budget, negative or not
+   (units without a budget were already candidates under rules 1-2). Seed 003 section 3.4 builds the
+   balancer by replacing the score of vLLM's DP load balancer with the PAB, and that balancer never holds a
+   request: a request the budgets cannot cover goes where the score is best, i.e. to the unit with the least
+   prefill work committed against its TTFT window, which in tokens is what a prompt-heavy request needs
+   (``least_loaded`` counts requests, whatever their length). ``fallback=least_loaded``: the lowest
+   ``waiting_weight * waiting + running`` instead. Either way the prompt is subtracted from the unit's copy,
+   so several aged requests in one call spread over the units.
+
+Why the default fraction is 0.5. The budget is computed for a prompt that arrives now with its whole TTFT
+SLO ahead; a request that waited ``w`` has only ``TTFT - w`` left, so the wait must end while the request can
+still meet its SLO, and at half of it a request placed on a unit keeps the other half (FairBatching serves
+prefills by slack, so the oldest goes first there). The bound is the SLO's own scale, so it needs no retuning
+when SLOs change (500 ms -> 250 ms wait; 2000 ms -> 1 s). Measured (docs/dispatch.md, docs/dispatch-pab.md):
+the longest wait at the dispatcher falls from up to 13 s to the cap, and at TTFT 500 ms past the knee the
+TTFT p99 from up to 2.1x ``least_loaded``'s to ``least_loaded``'s; the value of the cap between 0 and 1 x
+TTFT barely matters. The price: a request placed at its cap on a unit with no budget left delays the
+requests already there, so under sustained overload the unbounded wait met a few more SLOs (up to 3 points)
+by sacrificing the held prompts, which missed anyway. ``inf`` restores it (and decides exactly as before).
+The node is asked again when the oldest held request reaches its cap (``next_check_s``), so the cap holds
+even when no step report comes. ``when_full=reject`` refuses at once and never waits.
 """
 
 from __future__ import annotations
@@ -91,6 +120,21 @@ class PabBalancer(DispatchPolicy):
             min=0.0,
             max=60_000.0,
         ),
+        ParamSpec(
+            "max_wait_ttft_frac",
+            "float",
+            0.5,
+            "longest wait for a budget, as a fraction of the request's TTFT SLO; then the fallback places it"
+            " (0 = never wait, inf = no bound)",
+            min=0.0,
+        ),
+        ParamSpec(
+            "fallback",
+            "str",
+            "largest_budget",
+            "where a request goes once its wait is over: the largest remaining budget, or least_loaded's score",
+            choices=("largest_budget", "least_loaded"),
+        ),
     )
 
     def __init__(self, params: Mapping[str, ParamValue] | None = None) -> None:
@@ -102,6 +146,14 @@ class PabBalancer(DispatchPolicy):
         self.idle_takes_any = bool(self.params["idle_takes_any"])
         self.waiting_weight = float(self.params["waiting_weight"])
         self.recheck_s = float(self.params["recheck_ms"]) / 1e3
+        self.max_wait_frac = float(self.params["max_wait_ttft_frac"])
+        self.fallback_least_loaded = self.params["fallback"] == "least_loaded"
+
+    def wait_deadline_s(self, req: PendingRequest) -> float:
+        """When ``req`` stops waiting for a budget: arrival + ``max_wait_ttft_frac`` * its TTFT SLO (inf: never)."""
+        if math.isinf(self.max_wait_frac):
+            return math.inf
+        return req.arrival_s + self.max_wait_frac * req.ttft_slo_s
 
     def local_budget(self, unit_id: int) -> float | None:
         """The balancer's current copy of a unit's budget (None: unknown unit or no budget)."""
@@ -140,7 +192,8 @@ class PabBalancer(DispatchPolicy):
         assignments: list[tuple[str, int]] = []
         held: list[str] = []
         rejected: list[str] = []
-        fallback = overrides = 0
+        fallback = overrides = aged = 0
+        next_deadline = math.inf
         for req in pending:
             best: tuple[tuple[int, float, float, int], UnitLoad] | None = None
             for u in pool:
@@ -155,6 +208,16 @@ class PabBalancer(DispatchPolicy):
                     continue
                 if best is None or key < best[0]:
                     best = (key, u)
+            if best is None and not self.reject_when_full:
+                deadline = self.wait_deadline_s(req)
+                if now_s < deadline:
+                    next_deadline = min(next_deadline, deadline)
+                else:
+                    best = min(
+                        ((self._fallback_key(u, score(u)), u) for u in pool),
+                        key=lambda kv: kv[0],
+                    )
+                    aged += 1
             if best is None:
                 (rejected if self.reject_when_full else held).append(req.request_id)
                 continue
@@ -172,8 +235,19 @@ class PabBalancer(DispatchPolicy):
             rejected=len(rejected),
             fallback_placements=fallback,
             idle_overrides=overrides,
+            aged_fallbacks=aged,
         )
-        wake = now_s + self.recheck_s if held and self.recheck_s > 0 else None
+        wake = min(now_s + self.recheck_s if held and self.recheck_s > 0 else math.inf, next_deadline)
         return DispatchDecision(
-            assignments=tuple(assignments), rejected=tuple(rejected), next_check_s=wake, reasons=reasons
+            assignments=tuple(assignments),
+            rejected=tuple(rejected),
+            next_check_s=wake if held and math.isfinite(wake) else None,
+            reasons=reasons,
         )
+
+    def _fallback_key(self, u: UnitLoad, score: float) -> tuple[int, float, float, int]:
+        """Rule 4's order (smallest first) over the pool, once a request's wait is over."""
+        budget = self._budgets[u.unit_id].local
+        if self.fallback_least_loaded or budget is None:
+            return (3, 0.0, score, u.unit_id)
+        return (3, -budget, score, u.unit_id)

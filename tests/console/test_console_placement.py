@@ -1,5 +1,6 @@
 """Units' GPUs and parallel sizes on the console: the labels (pure), the state folding them from the hello, the
-Overview's GPU column and the Heatmap's row labels (Pilot, on a scripted live feed: a replay keeps no placement)."""
+Overview's GPU column and the Heatmap's row labels (Pilot, on a scripted live feed; a replay keeps the placement
+too: tests/console/test_console_replay.py)."""
 
 from __future__ import annotations
 

@@ -421,3 +421,24 @@ def test_an_empty_store_replays_as_nothing_and_the_keys_do_nothing(tmp_path: Pat
             assert not app.state.nodes and app.sub_title == f"Overview · 0 nodes · {empty} replay", "no cursor shown"
 
     run(go, timeout_s=30)
+
+
+def test_a_replayed_hello_gives_the_console_its_units_gpus(tmp_path: Path) -> None:
+    from agent.telemetry import UnitStatus
+    from console.model.placement import unit_label
+    from store.writer import StoreWriter
+
+    t0 = 1_800_000_000_000_000_000
+    hello = NodeHello(seq=1, node_id="gpu-node", time_ns=t0, boot_ns=t0, profile="Llama-3.1-8B",
+                      dispatch_policy="least_loaded",
+                      units=(UnitStatus(unit_id=0, batch_policy="vllm", gpu_ids=(0, 1), tensor_parallel_size=2,
+                                        pipeline_parallel_size=1),
+                             UnitStatus(unit_id=1, batch_policy="vllm", gpu_ids=(2, 3, 4, 5), tensor_parallel_size=2,
+                                        pipeline_parallel_size=2)))
+    with StoreWriter(tmp_path / "gpus.duckdb") as writer:
+        writer.write([hello])
+    state = ConsoleState()
+    state.apply(replay(tmp_path / "gpus.duckdb"))
+    units = state.nodes["gpu-node"].units
+    assert units[0].gpu_ids == (0, 1) and units[1].gpu_ids == (2, 3, 4, 5)
+    assert (unit_label(units[0]), unit_label(units[1])) == ("0,1 TP2", "2-5 TP2 PP2")  # the Overview's GPU column

@@ -234,3 +234,41 @@ def test_online_rejects_bad_steps(new: int, ctx: int, t: float) -> None:
         model.update(new, ctx, t)
     assert model.num_updates == 0
     assert model.coefficients == OnlineStepModel(H100_8B).coefficients
+
+
+# -- the engine-loop term d (held at the prior, never fitted) ---------------------------------------------
+H100_LOOP = StepCoefficients(a_s=9.2e-3, b_s=24.0e-6, c_s=43.9e-9, d_s=8.37e-6)
+
+
+def test_online_model_carries_the_loop_term_of_its_prior() -> None:
+    model = OnlineStepModel(H100_LOOP)
+    got = model.coefficients
+    assert got.d_s == H100_LOOP.d_s
+    assert (got.a_s, got.b_s, got.c_s) == pytest.approx((H100_LOOP.a_s, H100_LOOP.b_s, H100_LOOP.c_s), rel=1e-12)
+    assert model.predict_s(300, 90_000, 300) == pytest.approx(H100_LOOP.predict_s(300, 90_000, 300), rel=1e-12)
+    assert model.predict_s(300, 90_000) == pytest.approx(H100_LOOP.predict_s(300, 90_000), rel=1e-12)
+    model.reset(H100_8B)
+    assert model.coefficients.d_s == 0.0
+
+
+def test_loop_term_is_taken_off_measurements_that_include_it() -> None:
+    # Steps whose measured time includes d * num_requests (the simulator's): given the count, a, b and c
+    # converge to the forward pass alone and d stays the prior's; without it, a, b and c absorb the loop.
+    rng = np.random.default_rng(11)
+    new, ctx = steps(rng, 4000)
+    nreq = np.where(new <= 512, new, 1 + rng.integers(0, 256, len(new)))  # decode steps: one request per token
+    t = times(H100_LOOP, new, ctx) + H100_LOOP.d_s * nreq
+    told, untold = OnlineStepModel(H100_LOOP), OnlineStepModel(H100_8B)
+    errors = [told.update(int(n), int(c), float(s), int(r)) for n, c, s, r in zip(new, ctx, t, nreq, strict=True)]
+    for n, c, s in zip(new, ctx, t, strict=True):
+        untold.update(int(n), int(c), float(s))
+    got = told.coefficients
+    assert got.d_s == H100_LOOP.d_s
+    assert (got.a_s, got.b_s, got.c_s) == pytest.approx((H100_LOOP.a_s, H100_LOOP.b_s, H100_LOOP.c_s), rel=1e-6)
+    assert max(abs(e) for e in errors) < 1e-9  # the prior was right, and the error counts the loop term
+    assert untold.coefficients.a_s > H100_LOOP.a_s * 1.05  # absorbed (here mostly into the fixed cost)
+
+
+def test_update_rejects_a_negative_request_count() -> None:
+    with pytest.raises(ValueError):
+        OnlineStepModel(H100_LOOP).update(10, 100, 0.01, -1)

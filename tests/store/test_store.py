@@ -369,20 +369,21 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 def test_an_older_schema_is_migrated_or_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "old.duckdb"
-    _set_version(path, schema.SCHEMA_VERSION)
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", schema.SCHEMA_VERSION + 1)
-    with pytest.raises(StoreVersionError, match="no migration from version 1 to 2"):
+    current = schema.SCHEMA_VERSION
+    _set_version(path, current)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", current + 1)
+    with pytest.raises(StoreVersionError, match=f"no migration from version {current} to {current + 1}"):
         StoreWriter(path)
 
     def add_column(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("ALTER TABLE alerts ADD COLUMN extra BIGINT")
 
-    monkeypatch.setitem(schema.MIGRATIONS, 1, add_column)
+    monkeypatch.setitem(schema.MIGRATIONS, current, add_column)
     with pytest.raises(StoreVersionError, match="open it once for writing"):
         connect(path, read_only=True)
     StoreWriter(path).close()
     con = connect(path, read_only=True)
-    assert con.execute("SELECT max(version) FROM schema_version").fetchone() == (2,)
+    assert con.execute("SELECT max(version) FROM schema_version").fetchone() == (current + 1,)
     assert "extra" in {r[0] for r in con.execute("DESCRIBE alerts").fetchall()}
     con.close()
 
@@ -400,3 +401,87 @@ def test_files_that_are_not_stores_give_clear_errors(tmp_path: Path) -> None:
         connect(junk)
     with pytest.raises(StoreError, match="no database at"):
         connect(tmp_path / "missing.duckdb", read_only=True)
+
+
+# -- schema version 2: the worst per-token TPOT, the units' placement ---------------------------------------------
+V1_NODES = (
+    "CREATE TABLE nodes (node_id VARCHAR NOT NULL, boot_ns BIGINT NOT NULL, seq BIGINT NOT NULL, time_ns BIGINT NOT "
+    "NULL, protocol_version BIGINT NOT NULL, profile VARCHAR NOT NULL, dispatch_policy VARCHAR NOT NULL, "
+    "dispatch_params VARCHAR NOT NULL, units STRUCT(unit_id BIGINT, mode VARCHAR, batch_policy VARCHAR, batch_params "
+    "VARCHAR, num_blocks BIGINT, max_num_seqs BIGINT, num_running BIGINT, num_waiting BIGINT)[] NOT NULL, "
+    "batch_policies VARCHAR NOT NULL, dispatch_policies VARCHAR NOT NULL)"
+)
+V1_REQUESTS = (
+    "CREATE TABLE requests (node_id VARCHAR NOT NULL, boot_ns BIGINT NOT NULL, seq BIGINT NOT NULL, time_ns BIGINT "
+    "NOT NULL, request_id VARCHAR NOT NULL, unit_id BIGINT, refused BOOLEAN NOT NULL, arrival_ns BIGINT, "
+    "first_token_ns BIGINT, prompt_tokens BIGINT, output_tokens BIGINT, num_preemptions BIGINT, ttft_ms DOUBLE, "
+    "tpot_ms DOUBLE, ttft_slo_ms DOUBLE, tpot_slo_ms DOUBLE, met_slo BOOLEAN NOT NULL, policy VARCHAR, reason VARCHAR)"
+)
+"""The two tables version 2 changed, as version 1 created them (``store.schema.create_sql`` at 699f9f3)."""
+
+
+def _v1_store(path: Path) -> None:
+    """A version-1 store: the other tables as now (unchanged since), ``nodes`` and ``requests`` as they were, one
+    hello and two finished requests in them."""
+    con = duckdb.connect(str(path))
+    for table in schema.TABLES:
+        con.execute({"nodes": V1_NODES, "requests": V1_REQUESTS}.get(table) or schema.create_sql(table))
+    for name, cols in schema.META_TABLES.items():
+        con.execute(f"CREATE TABLE {name} ({cols})")
+    con.execute("INSERT INTO schema_version VALUES (1, 0)")
+    con.execute(
+        "INSERT INTO nodes VALUES ('old', ?, 1, ?, 2, 'h100-llama31-8b', 'least_loaded', '{}', [{'unit_id': 0, "
+        "'mode': 'active', 'batch_policy': 'vllm', 'batch_params': '{}', 'num_blocks': 100, 'max_num_seqs': 8, "
+        "'num_running': 0, 'num_waiting': 0}], '[]', '[]')", [T0, T0])
+    for seq, tokens, tpot in ((2, 11, 40.0), (3, 1, None)):
+        con.execute("INSERT INTO requests VALUES ('old', ?, ?, ?, ?, 0, false, ?, ?, 10, ?, 0, 100.0, ?, 500.0, 50.0, "
+                    "true, 'vllm', NULL)", [T0, seq, T0 + seq * 10**9, f"r{seq}", T0, T0 + 10**8, tokens, tpot])
+    con.close()
+
+
+def test_a_version_1_store_is_migrated_and_replays(tmp_path: Path) -> None:
+    path = tmp_path / "v1.duckdb"
+    _v1_store(path)
+    with pytest.raises(StoreVersionError, match="open it once for writing"):
+        connect(path, read_only=True)
+    new_hello = NodeHello(
+        seq=1, node_id="new", time_ns=T0, boot_ns=T0, profile="Llama-3.1-8B", dispatch_policy="least_loaded",
+        units=(UnitStatus(unit_id=0, batch_policy="vllm", gpu_ids=(4, 5), tensor_parallel_size=2,
+                          pipeline_parallel_size=1),),
+    )
+    with StoreWriter(path) as writer:  # migrates, then writes version-2 rows beside the old ones
+        writer.write([new_hello])
+    con = connect(path, read_only=True)
+    try:
+        assert con.execute("SELECT list(version ORDER BY version) FROM schema_version").fetchone() == ([1, 2],)
+        for table in schema.TABLES:  # the migrated tables have the columns a new store has (names and types)
+            fresh = duckdb.connect(":memory:")
+            fresh.execute(schema.create_sql(table))
+            assert con.execute(f"DESCRIBE {table}").fetchall() == fresh.execute(f"DESCRIBE {table}").fetchall(), table
+            fresh.close()
+        assert con.execute("SELECT max_tpot_ms FROM requests ORDER BY seq").fetchall() == [(None,), (None,)]
+    finally:
+        con.close()
+    events = list(replay(path))
+    old = [e for e in events if e.node_id == "old"]
+    assert isinstance(old[0], NodeHello) and old[0].units[0].gpu_ids == () and old[0].units[0].num_blocks == 100
+    assert old[0].units[0].tensor_parallel_size == old[0].units[0].pipeline_parallel_size == 0
+    assert [(e.request_id, e.tpot_ms, e.max_tpot_ms) for e in old[1:] if isinstance(e, RequestFinished)] == [
+        ("r2", 40.0, None), ("r3", None, None)]
+    assert [e for e in events if e.node_id == "new"] == [new_hello]
+
+
+def test_the_worst_tpot_and_the_units_placement_replay_equal(tmp_path: Path) -> None:
+    placed = hello()
+    first = msgspec.structs.replace(placed.units[0], gpu_ids=(0, 1, 2, 3), tensor_parallel_size=2,
+                                    pipeline_parallel_size=2)
+    placed = msgspec.structs.replace(placed, units=(first, placed.units[1]))
+    finished = RequestFinished(seq=2, node_id=NODE, time_ns=T0 + 9, request_id="r1", unit_id=0, arrival_ns=T0,
+                               first_token_ns=T0 + 6, prompt_tokens=10, output_tokens=5, num_preemptions=0,
+                               ttft_ms=6e-6, tpot_ms=40.0, ttft_slo_ms=500.0, tpot_slo_ms=50.0, met_slo=False,
+                               max_tpot_ms=120.0)
+    with StoreWriter(tmp_path / "s.duckdb") as writer:
+        writer.write([placed, finished])
+    back = list(replay(tmp_path / "s.duckdb"))
+    assert back == [placed, finished]
+    assert isinstance(back[0], NodeHello) and back[0].units[0].gpu_ids == (0, 1, 2, 3)

@@ -20,7 +20,7 @@ from rich.console import Console
 from agent.bench.report import SUMMARY_KEYS, UnitStats, summarize
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.runtime.events import NodeOrigin, request_finished, step_event
-from agent.telemetry import Event, RequestRefused
+from agent.telemetry import Event, RequestRefused, TpotMetric
 from policies.types import StepMode
 from store.cli import add_store_commands, cmd_export, cmd_prune, cmd_sql, duration_s
 from store.queries import StoreQueryError, export_parquet, policy_summary, sql, unit_balance
@@ -57,10 +57,13 @@ def outcomes(unit: int, n: int, seed: int) -> list[RequestOutcome]:
         arrival = 0.0 if i == 0 else rng.uniform(0.0, 3.0)  # time 0: the workload's start
         first = arrival + rng.uniform(0.05, 0.8)
         tokens = rng.choice([1, 2, 50, 300])
+        finish = first + (tokens - 1) * rng.uniform(0.01, 0.06) + 0.25
+        mean = (finish - first) / (tokens - 1) if tokens > 1 else None
         out.append(RequestOutcome(
             request_id=f"u{unit}-r{i}", unit_id=unit, arrival_s=arrival, first_token_s=first,
-            finish_s=first + (tokens - 1) * rng.uniform(0.01, 0.06) + 0.25, prompt_tokens=100, output_tokens=tokens,
+            finish_s=finish, prompt_tokens=100, output_tokens=tokens,
             num_preemptions=0, ttft_slo_s=0.5, tpot_slo_s=0.04,
+            max_tpot_s=None if mean is None else mean * rng.uniform(1.0, 3.0),
         ))
     return out
 
@@ -84,26 +87,37 @@ def populated(path: str | Path = ":memory:") -> tuple[StoreWriter, list[StepReco
     return writer, steps, done
 
 
-def test_policy_summary_matches_agent_report() -> None:
+@pytest.mark.parametrize("tpot_metric", ["worst", "mean", None])
+def test_policy_summary_matches_agent_report(tpot_metric: TpotMetric | None) -> None:
     writer, _, done = populated()
+    by_metric = {} if tpot_metric is None else {"tpot_metric": tpot_metric}
     with writer:
-        rows = {row["policy"]: row for row in policy_summary(writer.cursor())}
+        rows = {row["policy"]: row for row in policy_summary(writer.cursor(), **by_metric)}
     assert set(rows) == {"vllm", "sarathi"}
     for unit, policy in POLICY_OF_UNIT.items():
         outs = done[unit]
         rejected = 5 if policy == "sarathi" else 0
         duration = max(o.finish_s for o in outs)  # from time 0, the group's first arrival
-        expected = summarize(outs, num_requests=len(outs) + rejected, num_rejected=rejected, duration_s=duration)
+        arrivals = [o.arrival_s for o in outs]  # the store knows no refused request's arrival
+        offered = (len(outs) + rejected) / (max(arrivals) - min(arrivals))
+        expected = summarize(outs, num_requests=len(outs) + rejected, num_rejected=rejected, duration_s=duration,
+                             offered_rps=offered, **by_metric)
         got = rows[policy]
         assert set(got) == {"policy", *SUMMARY_KEYS}
         for key in ("requests", "completed", "rejected"):
             assert got[key] == expected[key]
-        for key in ("duration_s", "throughput_rps", "output_tokens_per_s", "goodput_rps", "slo_attainment"):
+        for key in ("duration_s", "throughput_rps", "output_tokens_per_s", "input_tokens_per_s", "goodput_rps",
+                    "slo_attainment", "offered_rps", "effective_rps"):
             assert got[key] == pytest.approx(expected[key], rel=1e-9), key
-        for metric in ("ttft_ms", "tpot_ms"):
+        for metric in ("ttft_ms", "tpot_ms", "normalized_latency_ms"):
             for stat, value in expected[metric].items():
                 assert got[metric][stat] == pytest.approx(value, rel=1e-9), (metric, stat)
         assert 0 < got["slo_attainment"] < 1  # the sample has both outcomes
+        mean_met = sum(o.meets_slo("mean") for o in outs)
+        if tpot_metric == "mean":
+            assert got["slo_attainment"] * got["requests"] == pytest.approx(mean_met)
+        else:  # the worst TPOTs of the sample are up to 3x the means: fewer requests meet the TPOT target
+            assert got["slo_attainment"] * got["requests"] < mean_met
 
 
 def test_policy_summary_by_window_and_hand_computed_percentiles() -> None:

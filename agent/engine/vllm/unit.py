@@ -6,6 +6,13 @@ reads the step records our scheduler (:mod:`agent.engine.vllm.scheduler`) pushes
 process. :meth:`VllmUnit.load` turns the last record plus what the front end knows (requests submitted and
 not finished) into the :class:`~policies.types.UnitLoad` a dispatcher sees.
 
+**TPOT.** A request's worst per-token TPOT (``RequestOutcome.max_tpot_s``) is tracked as its outputs arrive: each
+token counts at the time the front end received it, as a client would see it. A delta that carries several tokens
+(vLLM's output handler coalesces them when the front end falls behind; no speculative decoding here) counts all of
+them at the delta's time, so its first token, the one that waited longest since the first token of the request, is
+its worst: ``(t - first) / (outputs before the delta)``; spreading the delta's gap over its tokens would hide a
+stall the client saw.
+
 ``plain=True`` runs vLLM's own scheduler untouched (the baseline of the validation); it has no step records.
 
 **Engine failures.** vLLM notices an engine-core process that exits (its client's monitor thread waits on the
@@ -40,7 +47,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.base import RequestOutcome, StepRecord, token_tpot_s
 from agent.engine.vllm.channel import ControlSender
 from agent.engine.vllm.config import KEY, UnitSettings
 from agent.engine.vllm.history import History
@@ -89,6 +96,8 @@ class _Live:
     """Migrated here by recompute and its first token here not yet out (the target recomputes its KV)."""
     params: Any = None
     """The front end's ``vllm.SamplingParams`` (vLLM's OpenAI app), used instead of ``sampling`` when given."""
+    max_tpot_s: float | None = None
+    """The worst per-token TPOT so far (``RequestOutcome.max_tpot_s``), on the units it came from included."""
 
 
 class StallClock:
@@ -422,7 +431,7 @@ class VllmUnit:
                ttft_slo_s: float, tpot_slo_s: float, sampling: Sampling | None = None,
                on_output: Callable[[TokenDelta], None] | None = None, prompt_tokens: int | None = None,
                prior_outputs: int = 0, first_token_s: float | None = None,
-               params: Any = None) -> asyncio.Task[RequestOutcome]:
+               params: Any = None, max_tpot_s: float | None = None) -> asyncio.Task[RequestOutcome]:
         """Start a request; the task ends with its outcome (the unit also keeps it in :attr:`outcomes`).
 
         ``on_output`` sees every output that adds tokens or finishes the request, in order. Cancelling the task
@@ -430,8 +439,9 @@ class VllmUnit:
 
         A request migrated here by recompute (``prompt_tokens`` given: its original prompt length) brings its
         original prompt plus the ``prior_outputs`` tokens it produced elsewhere as ``prompt_token_ids``, the
-        tokens it still has to produce as ``max_tokens`` and its original ``first_token_s``; its outcome counts
-        the original prompt and every output token, and no first-token report is made again.
+        tokens it still has to produce as ``max_tokens``, its original ``first_token_s`` and its worst per-token TPOT
+        so far (``max_tpot_s``); its outcome counts the original prompt and every output token, and no first-token
+        report is made again.
 
         ``params``: a front end's ``vllm.SamplingParams`` (text, stop strings, logprobs...), used instead of
         ``sampling`` (see :func:`resumed_params`); each delta then carries the engine's ``RequestOutput``.
@@ -441,7 +451,7 @@ class VllmUnit:
         live = self.live[request_id] = _Live(
             arrival_s, prompt_tokens if prompt_tokens is not None else len(prompt_token_ids), max_tokens,
             ttft_slo_s, tpot_slo_s, now, sampling, on_output, first_token_s, prior_outputs, prior_outputs, resumed,
-            params,
+            params, max_tpot_s,
         )
         self.submitted_prompt_since_record += len(prompt_token_ids)
         task = asyncio.get_running_loop().create_task(self._run(request_id, prompt_token_ids))
@@ -477,13 +487,20 @@ class VllmUnit:
                 n = len(first.token_ids) if first is not None else 0
                 if n:
                     t = time.time()
+                    before = live.outputs
                     live.outputs += n
                     live.migrating = False
                     finish = t
                     if live.first_token_s is None:
                         live.first_token_s = t
+                        if n > 1:  # the delta's other tokens came out with the first: TPOT 0
+                            live.max_tpot_s = 0.0
                         if self.on_first_token is not None:
                             self.on_first_token(self, request_id)
+                    elif before:  # the delta's first token is its worst (module docstring, "TPOT")
+                        tpot = token_tpot_s(live.first_token_s, before + 1, t)
+                        if live.max_tpot_s is None or tpot > live.max_tpot_s:
+                            live.max_tpot_s = tpot
                 on_output = live.on_output  # read each time: a migration detaches it
                 if on_output is not None and first is not None and (n or out.finished):
                     on_output(TokenDelta(tuple(first.token_ids), first.text or "",
@@ -497,6 +514,7 @@ class VllmUnit:
             request_id=request_id, unit_id=self.unit_id, arrival_s=live.arrival_s, first_token_s=first,
             finish_s=finish if finish is not None else first, prompt_tokens=live.prompt_tokens,
             output_tokens=live.outputs, num_preemptions=0, ttft_slo_s=live.ttft_slo_s, tpot_slo_s=live.tpot_slo_s,
+            max_tpot_s=live.max_tpot_s,
         )
         self.outcomes.append(outcome)
         if self.on_finish is not None:

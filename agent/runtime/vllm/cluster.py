@@ -303,7 +303,7 @@ class VllmCluster:
         source = stream.evacuated_from
         if source is not None:  # back from a failed unit: it goes on here by recompute
             stream.evacuated_from = None
-            self._recompute(stream, unit, source, "unit_failed", stream.first_token_s)
+            self._recompute(stream, unit, source, "unit_failed", stream.first_token_s, stream.max_tpot_s)
             return
         if self.refuses is not None and self.refuses(unit.unit_id, p.prompt_tokens):
             self._refuse(stream, unit.unit_id)
@@ -329,7 +329,7 @@ class VllmCluster:
 
     def _start(self, stream: RequestStream, unit: VllmUnit, prompt_token_ids: list[int], max_tokens: int,
                sampling: Sampling | None, *, migrated: bool = False, prior_outputs: int = 0,
-               first_token_s: float | None = None) -> None:
+               first_token_s: float | None = None, max_tpot_s: float | None = None) -> None:
         """Submit ``stream``'s request to ``unit`` (again, with its ``prior_outputs`` appended, when ``migrated``)."""
         r = stream.request
         p = stream._pending
@@ -339,7 +339,8 @@ class VllmCluster:
                            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, sampling=sampling,
                            on_output=stream._push,
                            prompt_tokens=len(r.prompt_token_ids) if migrated else None,
-                           prior_outputs=prior_outputs, first_token_s=first_token_s, params=r.params)
+                           prior_outputs=prior_outputs, first_token_s=first_token_s, params=r.params,
+                           max_tpot_s=max_tpot_s)
         stream._task = task
 
         def done(t: asyncio.Task[RequestOutcome]) -> None:
@@ -396,11 +397,11 @@ class VllmCluster:
         if not task.cancel():
             return False
         live.on_output = None
-        self._recompute(stream, target, source.unit_id, m.reason or "rebalance", live.first_token_s)
+        self._recompute(stream, target, source.unit_id, m.reason or "rebalance", live.first_token_s, live.max_tpot_s)
         return True
 
     def _recompute(self, stream: RequestStream, target: VllmUnit, source_unit: int, reason: str,
-                   first_token_s: float | None) -> None:
+                   first_token_s: float | None, max_tpot_s: float | None) -> None:
         """Submit ``stream``'s request to ``target`` with its outputs so far appended to its prompt (its old task
         is cancelled or over already)."""
         r = stream.request
@@ -409,7 +410,7 @@ class VllmCluster:
         if sampling is not None and sampling.min_tokens:
             sampling = replace(sampling, min_tokens=max(0, sampling.min_tokens - len(produced)))
         self._start(stream, target, r.prompt_token_ids + produced, r.max_tokens - len(produced), sampling,
-                    migrated=True, prior_outputs=len(produced), first_token_s=first_token_s)
+                    migrated=True, prior_outputs=len(produced), first_token_s=first_token_s, max_tpot_s=max_tpot_s)
         stream.num_migrations += 1
         self.num_migrations += 1
         if self.observer is not None:
@@ -497,6 +498,7 @@ class VllmCluster:
             live.on_output = None
             if stream.first_token_s is None:
                 stream.first_token_s = live.first_token_s
+            stream.max_tpot_s = live.max_tpot_s
         if task is not None and not task.done():
             task.cancel()
         r, p = stream.request, stream._pending
@@ -519,7 +521,7 @@ class VllmCluster:
         outcome = RequestOutcome(
             request_id=r.request_id, unit_id=unit_id, arrival_s=p.arrival_s, first_token_s=first, finish_s=now,
             prompt_tokens=len(r.prompt_token_ids), output_tokens=len(stream.output_token_ids), num_preemptions=0,
-            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s,
+            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, max_tpot_s=stream.max_tpot_s,
         )
         stream._push(TokenDelta((), "", "length", None))
         self.streams.pop(r.request_id, None)

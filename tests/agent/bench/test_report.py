@@ -57,3 +57,34 @@ def test_cluster_stats_spread_ignores_units_outside_the_pool() -> None:
     c.add(_rec(0, 2.0, 999, 50, prefill=10))
     c.add(_rec(2, 3.0, 10, 1))
     assert c.as_dict(max_num_batched_tokens=10)["kv_tokens_std"] == pytest.approx(5.0)
+
+
+def _outcome(rid: str, ttft_s: float, tokens: int, mean_s: float, worst_s: float | None, prompt: int = 100):
+    from agent.engine.base import RequestOutcome
+
+    first = 1.0 + ttft_s
+    return RequestOutcome(rid, 0, 1.0, first, first + mean_s * (tokens - 1), prompt, tokens, 0, ttft_slo_s=0.5,
+                          tpot_slo_s=0.05, max_tpot_s=worst_s)
+
+
+def test_effective_rps_is_offered_load_times_attainment_and_the_tpot_metric_decides() -> None:
+    from agent.bench.report import summarize
+
+    done = [
+        _outcome("ok", 0.1, 11, 0.02, 0.03),  # meets both
+        _outcome("one-token", 0.2, 1, 0.0, None),  # meets both (no TPOT)
+        _outcome("slow-start", 0.6, 11, 0.02, 0.03),  # misses TTFT
+        _outcome("stalled", 0.1, 11, 0.04, 0.12),  # mean 40 ms meets, worst 120 ms misses
+    ]
+    kw = {"num_requests": 5, "num_rejected": 1, "duration_s": 10.0, "offered_rps": 2.5}
+    worst, mean = summarize(done, **kw, tpot_metric="worst"), summarize(done, **kw, tpot_metric="mean")
+    assert worst["slo_attainment"] == pytest.approx(2 / 5) and mean["slo_attainment"] == pytest.approx(3 / 5)
+    assert worst["effective_rps"] == pytest.approx(2.5 * 2 / 5) and mean["effective_rps"] == pytest.approx(2.5 * 3 / 5)
+    assert worst["goodput_rps"] == pytest.approx(2 / 10.0) and worst["offered_rps"] == 2.5
+    assert worst["tpot_ms"]["mean"] == pytest.approx((30 + 30 + 120) / 3)  # the one-token request has no TPOT
+    assert mean["tpot_ms"]["mean"] == pytest.approx((20 + 20 + 40) / 3)
+    assert summarize(done, num_requests=5, num_rejected=1, duration_s=10.0)["effective_rps"] is None  # load unknown
+    # seed 001's normalized latency and seed 002's prefill throughput
+    per_token = [(0.1 + 0.2) / 11, 0.2 / 1, (0.6 + 0.2) / 11, (0.1 + 0.4) / 11]
+    assert worst["normalized_latency_ms"]["mean"] == pytest.approx(1e3 * sum(per_token) / 4)
+    assert worst["input_tokens_per_s"] == pytest.approx(4 * 100 / 10.0)

@@ -99,6 +99,8 @@ def test_forced_migration_keeps_the_stream_whole(async_scheduling: bool, after: 
             assert stream.unit_id == 1 and stream.num_migrations == 1 and cluster.num_migrations == 1
             assert outcome.unit_id == 1 and outcome.output_tokens == 120 and outcome.prompt_tokens == 200
             assert outcome.first_token_s <= outcome.finish_s
+            assert outcome.tpot_s is not None and outcome.max_tpot_s is not None
+            assert outcome.max_tpot_s >= outcome.tpot_s - 1e-9  # tracked across the move (the mean is its last value)
             assert firsts == ["m"], "one first-token report"
             # the dispatcher saw the request with its outputs so far, not migrating
             seen = {r.request_id: r for r in policy.seen[0].requests}["m"]

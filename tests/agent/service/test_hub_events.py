@@ -285,3 +285,25 @@ def test_dispatcher_watchdog_resets_and_held_requests_become_alerts() -> None:
     resets = [a for a in alerts if a.code == AlertCode.WATCHDOG_RESET]
     assert len(held) == 2 and all(a.num_dropped == 1 for a in held)
     assert len(resets) == 3  # one per dispatcher call whose count grew
+
+
+# -- request_finished ----------------------------------------------------------------------------------------
+def test_request_finished_carries_the_worst_per_token_tpot_the_unit_tracked() -> None:
+    from builders import H100_LIKE
+
+    def stalled(**hooks: object) -> Node:  # r000 decodes when an 8,000-token prompt takes a ~200 ms step
+        return node_of([make_unit(0, cost=H100_LIKE, max_num_batched_tokens=8192)],
+                       requests([(100, 200), (8000, 5)], arrivals=[0.0, 0.03]), **hooks)
+
+    done: list[RequestOutcome] = []
+    stalled(on_finish=done.append).run()
+    hub = hub_of(stalled())
+    hub.node.run()
+    finished = {e.request_id: e for e in of(RequestFinished, events(hub))}
+    for o in done:
+        e = finished[o.request_id]
+        assert o.max_tpot_s is not None and e.max_tpot_ms == pytest.approx(o.max_tpot_s * 1e3)
+        assert e.met_slo == o.meets_slo("worst")
+    r0 = finished["r000"]
+    assert r0.tpot_ms is not None and r0.max_tpot_ms is not None and r0.max_tpot_ms > 4 * r0.tpot_ms
+    assert r0.tpot_ms < 50.0 < r0.max_tpot_ms and not r0.met_slo  # the mean would have met the 50 ms target

@@ -400,7 +400,9 @@ def test_whole_responses_say_where_and_how_they_were_served(served: Served) -> N
     assert float(raw.headers["x-trackside-ttft-ms"]) == pytest.approx(o.ttft_s * 1e3, abs=0.1)
     assert o.tpot_s is not None
     assert float(raw.headers["x-trackside-tpot-ms"]) == pytest.approx(o.tpot_s * 1e3, abs=0.01)
-    met = o.ttft_s <= o.ttft_slo_s and o.tpot_s <= o.tpot_slo_s
+    assert o.max_tpot_s is not None and o.max_tpot_s >= o.tpot_s  # the mean is the worst's value at the last token
+    assert float(raw.headers["x-trackside-max-tpot-ms"]) == pytest.approx(o.max_tpot_s * 1e3, abs=0.01)
+    met = o.ttft_s <= o.ttft_slo_s and o.max_tpot_s <= o.tpot_slo_s
     assert raw.headers["x-trackside-slo-met"] == ("true" if met else "false")
     assert raw.parse().choices[0].message.content == OK * 8
     # an SLO nobody can meet

@@ -41,6 +41,7 @@ from agent.telemetry import (
     PolicyList,
     ProtocolError,
     Reply,
+    RequestFinished,
     StepEvent,
 )
 from policies.params import ParamSpec
@@ -201,6 +202,30 @@ def test_request_outcome_converts_with_ttft_and_tpot() -> None:
         RequestOutcome("r2", 0, 0.0, 0.1, 0.1, 10, 1, 0, ttft_slo_s=1.0, tpot_slo_s=0.1), ORIGIN
     )
     assert single.tpot_ms is None and single.met_slo is True
+    assert ev.max_tpot_ms == pytest.approx(100.0)  # built by hand, nothing tracked its worst: the mean stands in
+    assert single.max_tpot_ms is None
+
+
+def test_the_worst_per_token_tpot_goes_on_the_wire_and_decides_met_slo() -> None:
+    # A mean TPOT of 40 ms, but one token 120 ms late on the running mean: seed 003's metric misses 50 ms.
+    outcome = RequestOutcome("r1", 0, 1.0, 1.1, 1.5, 100, 11, 0, ttft_slo_s=0.5, tpot_slo_s=0.05, max_tpot_s=0.12)
+    ev = request_finished(outcome, ORIGIN)
+    assert ev.tpot_ms == pytest.approx(40.0) and ev.max_tpot_ms == pytest.approx(120.0)
+    assert ev.met_slo is False and outcome.meets_slo("mean")
+    for codec in CODECS.values():
+        assert codec.decode_event(codec.encode(ev)) == ev
+
+
+def test_a_request_finished_frame_from_an_older_agent_decodes_without_the_worst_tpot() -> None:
+    ev = request_finished(RequestOutcome("r1", 0, 1.0, 1.1, 1.5, 100, 11, 0, ttft_slo_s=0.5, tpot_slo_s=0.05,
+                                         max_tpot_s=0.03), ORIGIN)
+    for codec, decode, encode in ((JSON, msgspec.json.decode, msgspec.json.encode),
+                                  (MSGPACK, msgspec.msgpack.decode, msgspec.msgpack.encode)):
+        raw = decode(codec.encode(ev))
+        del raw["max_tpot_ms"]  # the frame as an agent before the field wrote it
+        old = codec.decode_event(encode(raw))
+        assert isinstance(old, RequestFinished) and old.max_tpot_ms is None
+        assert old == msgspec.structs.replace(ev, max_tpot_ms=None)
 
 
 def test_unit_load_converts() -> None:
