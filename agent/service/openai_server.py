@@ -26,6 +26,7 @@ extensions). Usage: ``docs/openai-intake.md``.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -165,13 +166,15 @@ def routed_submit(cluster: VllmCluster) -> Callable[..., Routed]:
 
 
 async def build_app(cluster: VllmCluster, *, model_name: str | None = None, frontend_args: Sequence[str] = (),
-                    metrics: Callable[[], str] | None = None) -> ASGIApp:
+                    metrics: Callable[[], str] | None = None, args: argparse.Namespace | None = None) -> ASGIApp:
     """vLLM's OpenAI app over ``cluster`` (started units), wrapped in :class:`TracksideMiddleware`: what
-    :class:`OpenAIServer` serves (see it for the arguments)."""
+    :class:`OpenAIServer` serves (see it for the arguments); ``args``: ``frontend_args`` parsed already."""
     client = RoutedEngineClient(lambda: [u.llm for u in cluster.units], routed_submit(cluster),
                                 lambda: cluster.num_serving, refusal=refusal_status)
     name = model_name or cluster.units[0].options.model
-    app = await build_openai_app(client, frontend_namespace(str(client.model_config.model), name, frontend_args))
+    if args is None:
+        args = frontend_namespace(str(client.model_config.model), name, frontend_args)
+    app = await build_openai_app(client, args)
     if metrics is not None:
         from starlette.responses import PlainTextResponse
 
@@ -195,8 +198,8 @@ class OpenAIServer:
                  metrics: Callable[[], str] | None = None, log_level: str = "warning") -> None:
         self.cluster = cluster
         self.model_name = model_name or cluster.units[0].options.model
-        frontend_namespace(self.model_name, self.model_name, frontend_args)  # bad flags fail here, before binding
-        self._frontend_args = tuple(frontend_args)
+        # Parsed once, here: bad flags fail before the port is bound.
+        self._args = frontend_namespace(str(cluster.units[0].llm.model_config.model), self.model_name, frontend_args)
         self._metrics = metrics
         self.app: Any = None
         """The ASGI app served (set by :meth:`start`)."""
@@ -218,7 +221,7 @@ class OpenAIServer:
     async def start(self) -> None:
         """Serve in the background; returns once the server accepts connections."""
         self.cluster.start()
-        self.app = await build_app(self.cluster, model_name=self.model_name, frontend_args=self._frontend_args,
+        self.app = await build_app(self.cluster, model_name=self.model_name, args=self._args,
                                    metrics=self._metrics)
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_level=self._log_level, lifespan="off",
                                                      timeout_graceful_shutdown=2))

@@ -11,21 +11,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 
 import httpx
 import pytest
 
 pytest.importorskip("vllm")
 
-from agent.engine.vllm.config import UnitSettings
-from agent.engine.vllm.cpu import cpu_vllm_config
-from agent.engine.vllm.fake_executor import FakeExecutor
-from agent.engine.vllm.options import EngineOptions
-from agent.engine.vllm.unit import VllmUnit
+from vllm_units import fake_unit, read_all, wait_until
+
 from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode
-from agent.runtime.vllm.requests import ClusterRequest, RequestStream
+from agent.runtime.vllm.requests import ClusterRequest
 from agent.runtime.vllm.restarts import backoff
 from agent.service.hub import Hub
 from agent.service.openai_server import build_app
@@ -38,35 +34,9 @@ NUM_REQUESTS = 200
 MAX_TOKENS = 48
 
 
-def _unit(unit_id: int) -> VllmUnit:
-    config = cpu_vllm_config(num_blocks=2000, max_num_seqs=128, step_model=(0.002, 2e-6, 1e-8))
-    return VllmUnit(unit_id, EngineOptions(model="tiny", max_num_batched_tokens=512, max_num_seqs=128),
-                    UnitSettings(policy="vllm"), vllm_config=config, executor_class=FakeExecutor)
-
-
-async def _read(stream: RequestStream) -> int:
-    """Tokens the client got; the stream must end with a finish reason."""
-    n = 0
-    finish = None
-    async for delta in stream:
-        n += len(delta.token_ids)
-        finish = delta.finish_reason or finish
-    assert finish == "length"
-    return n
-
-
-async def _until(what: object, timeout_s: float) -> float:
-    start = time.monotonic()
-    while not what():  # type: ignore[operator]
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s}s")
-        await asyncio.sleep(0.005)
-    return time.monotonic() - start
-
-
 def test_killed_engine_core_fails_its_unit_and_its_requests_go_on() -> None:
     async def main() -> None:
-        units = [_unit(i) for i in range(2)]
+        units = [fake_unit(i) for i in range(2)]
         for u in units:
             u.start()
         cluster = VllmCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0)
@@ -84,14 +54,14 @@ def test_killed_engine_core_fails_its_unit_and_its_requests_go_on() -> None:
 
             streams = [cluster.submit(ClusterRequest(f"r{i}", [1 + (i + j) % 900 for j in range(24)], MAX_TOKENS))
                        for i in range(NUM_REQUESTS)]
-            reads = [asyncio.ensure_future(_read(s)) for s in streams]
+            reads = [asyncio.ensure_future(read_all(s)) for s in streams]
             # Kill unit 0's engine core once its requests are streaming (some tokens out, none finished).
             on_0 = [s for s in streams if s.unit_id == 0]
             assert on_0 and len(on_0) < NUM_REQUESTS
-            await _until(lambda: sum(len(s.output_token_ids) for s in on_0) >= 2 * len(on_0), 60)
+            await wait_until(lambda: sum(len(s.output_token_ids) for s in on_0) >= 2 * len(on_0), 60)
             assert not any(s.done for s in on_0)
             os.kill(pids[0], signal.SIGKILL)
-            noticed_s = await _until(lambda: 0 in cluster.failed, 5)
+            noticed_s = await wait_until(lambda: 0 in cluster.failed, 5)
             assert noticed_s < 1.0, f"the failure took {noticed_s:.3f} s to notice"
             assert node.unit_modes == ["failed", "active"]
             assert not units[0].load(healthy=cluster.accepting[0]).healthy
@@ -119,7 +89,7 @@ def test_killed_engine_core_fails_its_unit_and_its_requests_go_on() -> None:
             # One unit still serves: healthy. The last one dies (idle: its watchdog sees it): 503.
             assert (await http.get("/health")).status_code == 200
             os.kill(pids[1], signal.SIGKILL)
-            assert await _until(lambda: 1 in cluster.failed, 5) < 1.0
+            assert await wait_until(lambda: 1 in cluster.failed, 5) < 1.0
             health = await http.get("/health")
             assert health.status_code == 503
         finally:
@@ -133,7 +103,7 @@ def test_killed_engine_core_fails_its_unit_and_its_requests_go_on() -> None:
 
 def test_failed_unit_restarts_with_backoff_and_rejoins() -> None:
     async def main() -> None:
-        units = [_unit(i) for i in range(2)]
+        units = [fake_unit(i) for i in range(2)]
         for u in units:
             u.start()
         cluster = VllmCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0,
@@ -146,19 +116,19 @@ def test_failed_unit_restarts_with_backoff_and_rejoins() -> None:
             old_pid = units[0].engine_pid
             assert old_pid is not None
             streams = [cluster.submit(ClusterRequest(f"a{i}", [5 + i] * 16, MAX_TOKENS)) for i in range(20)]
-            reads = [asyncio.ensure_future(_read(s)) for s in streams]
-            await _until(lambda: sum(len(s.output_token_ids) for s in streams) >= 40, 60)
+            reads = [asyncio.ensure_future(read_all(s)) for s in streams]
+            await wait_until(lambda: sum(len(s.output_token_ids) for s in streams) >= 40, 60)
             os.kill(old_pid, signal.SIGKILL)
-            await _until(lambda: 0 in cluster.failed, 5)
+            await wait_until(lambda: 0 in cluster.failed, 5)
             assert await asyncio.wait_for(asyncio.gather(*reads), 120) == [MAX_TOKENS] * 20
-            await _until(lambda: 0 not in cluster.failed, 120)  # a fresh engine started and rejoined
+            await wait_until(lambda: 0 not in cluster.failed, 120)  # a fresh engine started and rejoined
             assert units[0].engine_pid not in (None, old_pid) and node.unit_modes == ["active", "active"]
             assert cluster.num_restarts == 1 and hub.status().units[0].engine_pid == units[0].engine_pid
             settled = await node.settle(10.0)  # the agent's copy of the batch policy, sent to the fresh engine
             assert settled == type(settled)((), ())
             after = [cluster.submit(ClusterRequest(f"b{i}", [7 + i] * 16, MAX_TOKENS)) for i in range(6)]
             assert {s.unit_id for s in after} == {0, 1}
-            assert await asyncio.wait_for(asyncio.gather(*(_read(s) for s in after)), 60) == [MAX_TOKENS] * 6
+            assert await asyncio.wait_for(asyncio.gather(*(read_all(s) for s in after)), 60) == [MAX_TOKENS] * 6
             assert {(await s.wait()).unit_id for s in after} == {0, 1}
             codes = [e.code for e in hub.replay.since(0).events if isinstance(e, Alert) and e.unit_id == 0]
             assert codes == [AlertCode.UNIT_FAILED, AlertCode.UNIT_RESTARTED]

@@ -9,20 +9,17 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
 
 import pytest
 
 pytest.importorskip("vllm")
 
-from agent.engine.vllm.config import UnitSettings
-from agent.engine.vllm.cpu import cpu_vllm_config
-from agent.engine.vllm.fake_executor import FakeExecutor
-from agent.engine.vllm.options import EngineOptions
-from agent.engine.vllm.unit import ENGINE_HANG_S, StallClock, VllmUnit
+from vllm_units import fake_unit, read_all, wait_until
+
+from agent.engine.vllm.unit import StallClock, VllmUnit
 from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode
-from agent.runtime.vllm.requests import ClusterRequest, PendingTimeout, RequestRejected, RequestStream
+from agent.runtime.vllm.requests import ClusterRequest, PendingTimeout, RequestRejected
 from agent.runtime.vllm.restarts import backoff
 from agent.service.hub import Hub
 from agent.telemetry import Alert, AlertCode, ControlAudit, ErrorReply, FailUnit, OkReply, RecoverUnit, RequestRefused
@@ -36,38 +33,12 @@ LONG = 400
 TOKEN = "t0ken"
 
 
-def _unit(unit_id: int, hang_s: float | None = ENGINE_HANG_S) -> VllmUnit:
-    config = cpu_vllm_config(num_blocks=2000, max_num_seqs=128, step_model=(0.002, 2e-6, 1e-8))
-    return VllmUnit(unit_id, EngineOptions(model="tiny", max_num_batched_tokens=512, max_num_seqs=128),
-                    UnitSettings(policy="vllm"), vllm_config=config, executor_class=FakeExecutor, hang_s=hang_s)
-
-
 def _node(units: list[VllmUnit], **cluster: object) -> tuple[VllmCluster, LiveVllmNode, Hub]:
     c = VllmCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0, **cluster)  # type: ignore[arg-type]
     node = LiveVllmNode(c, [BATCH_POLICIES["vllm"]() for _ in units])
     hub = Hub(node, node_id="test-node", profile="cpu", token=TOKEN, settle_timeout_s=120.0)
     hub.attach()
     return c, node, hub
-
-
-async def _read(stream: RequestStream) -> int:
-    """Tokens the client got; the stream must end with a finish reason."""
-    n = 0
-    finish = None
-    async for delta in stream:
-        n += len(delta.token_ids)
-        finish = delta.finish_reason or finish
-    assert finish == "length"
-    return n
-
-
-async def _until(what: Callable[[], object], timeout_s: float) -> float:
-    start = time.monotonic()
-    while not what():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s}s")
-        await asyncio.sleep(0.005)
-    return time.monotonic() - start
 
 
 def _alive(pid: int) -> bool:
@@ -84,7 +55,7 @@ def _unit_alerts(hub: Hub, unit_id: int) -> list[str]:
 
 def test_fail_unit_moves_its_requests_keeps_its_engine_and_recover_unit_reopens_it() -> None:
     async def main() -> None:
-        units = [_unit(i) for i in range(2)]
+        units = [fake_unit(i) for i in range(2)]
         for u in units:
             u.start()
         cluster, node, hub = _node(units, restart_delays=lambda: backoff(0.2))
@@ -93,9 +64,9 @@ def test_fail_unit_moves_its_requests_keeps_its_engine_and_recover_unit_reopens_
             pid = units[0].engine_pid
             assert pid is not None
             streams = [cluster.submit(ClusterRequest(f"r{i}", [1 + i] * 24, LONG)) for i in range(40)]
-            reads = [asyncio.ensure_future(_read(s)) for s in streams]
+            reads = [asyncio.ensure_future(read_all(s)) for s in streams]
             on_0 = [s for s in streams if s.unit_id == 0]
-            await _until(lambda: sum(len(s.output_token_ids) for s in on_0) >= 2 * len(on_0), 60)
+            await wait_until(lambda: sum(len(s.output_token_ids) for s in on_0) >= 2 * len(on_0), 60)
             assert not any(s.done for s in on_0)
 
             reply = await hub.handle_async(FailUnit(unit_id=0, reason="maintenance", token=TOKEN), who="op")
@@ -122,7 +93,7 @@ def test_fail_unit_moves_its_requests_keeps_its_engine_and_recover_unit_reopens_
             assert node.unit_modes == ["active", "active"] and not cluster.failed
             assert units[0].engine_pid == pid and cluster.num_restarts == 0  # the same engine, not restarted
             after = [cluster.submit(ClusterRequest(f"b{i}", [7 + i] * 16, MAX_TOKENS)) for i in range(4)]
-            assert await asyncio.wait_for(asyncio.gather(*(_read(s) for s in after)), 60) == [MAX_TOKENS] * 4
+            assert await asyncio.wait_for(asyncio.gather(*(read_all(s) for s in after)), 60) == [MAX_TOKENS] * 4
             assert {(await s.wait()).unit_id for s in after} == {0, 1}
             assert _unit_alerts(hub, 0) == [AlertCode.UNIT_FAILED, AlertCode.UNIT_RESTARTED]
         finally:
@@ -135,7 +106,7 @@ def test_fail_unit_moves_its_requests_keeps_its_engine_and_recover_unit_reopens_
 
 def test_a_unit_failed_on_request_whose_engine_dies_is_restarted_only_by_recover_unit() -> None:
     async def main() -> None:
-        units = [_unit(i) for i in range(2)]
+        units = [fake_unit(i) for i in range(2)]
         for u in units:
             u.start()
         cluster, node, hub = _node(units, restart_delays=lambda: backoff(0.1))
@@ -145,7 +116,7 @@ def test_a_unit_failed_on_request_whose_engine_dies_is_restarted_only_by_recover
             assert old_pid is not None
             assert cluster.fail_unit(0, "drill") == 0
             os.kill(old_pid, signal.SIGKILL)
-            await _until(lambda: units[0].failed, 5)  # its watchdog saw the death...
+            await wait_until(lambda: units[0].failed, 5)  # its watchdog saw the death...
             await asyncio.sleep(0.5)
             assert cluster.failed[0] == "drill" and cluster.num_restarts == 0  # ...and nothing restarted it
 
@@ -154,7 +125,7 @@ def test_a_unit_failed_on_request_whose_engine_dies_is_restarted_only_by_recover
             assert node.unit_modes == ["active", "active"] and cluster.num_restarts == 1
             assert units[0].engine_pid not in (None, old_pid) and not units[0].failed
             after = [cluster.submit(ClusterRequest(f"b{i}", [7 + i] * 16, MAX_TOKENS)) for i in range(4)]
-            assert await asyncio.wait_for(asyncio.gather(*(_read(s) for s in after)), 60) == [MAX_TOKENS] * 4
+            assert await asyncio.wait_for(asyncio.gather(*(read_all(s) for s in after)), 60) == [MAX_TOKENS] * 4
             assert {(await s.wait()).unit_id for s in after} == {0, 1}
             assert _unit_alerts(hub, 0) == [AlertCode.UNIT_FAILED, AlertCode.UNIT_RESTARTED]
         finally:
@@ -168,7 +139,7 @@ def test_a_unit_failed_on_request_whose_engine_dies_is_restarted_only_by_recover
 def test_a_hung_engine_core_is_killed_and_its_requests_go_on() -> None:
     async def main() -> None:
         # Unit 1's limit stays long: on a loaded test machine its loop may stall, and it is not the one hung.
-        units = [_unit(0, hang_s=1.0), _unit(1, hang_s=30.0)]
+        units = [fake_unit(0, hang_s=1.0), fake_unit(1, hang_s=30.0)]
         for u in units:
             u.start()
         cluster, node, hub = _node(units)
@@ -177,18 +148,18 @@ def test_a_hung_engine_core_is_killed_and_its_requests_go_on() -> None:
         assert pid is not None
         try:
             streams = [cluster.submit(ClusterRequest(f"r{i}", [1 + i % 900] * 24, LONG)) for i in range(100)]
-            reads = [asyncio.ensure_future(_read(s)) for s in streams]
+            reads = [asyncio.ensure_future(read_all(s)) for s in streams]
             on_0 = [s for s in streams if s.unit_id == 0]
-            await _until(lambda: sum(len(s.output_token_ids) for s in on_0) >= 2 * len(on_0), 60)
+            await wait_until(lambda: sum(len(s.output_token_ids) for s in on_0) >= 2 * len(on_0), 60)
             assert not any(s.done for s in on_0)
             os.kill(pid, signal.SIGSTOP)  # alive, but it makes no step any more
-            took_s = await _until(lambda: 0 in cluster.failed, 10)
+            took_s = await wait_until(lambda: 0 in cluster.failed, 10)
             assert 0.8 <= took_s < 3.0, f"the hang took {took_s:.2f} s to notice (hang_s 1)"
             assert "engine core hung" in cluster.failed[0] and f"process {pid} killed" in cluster.failed[0]
             assert node.unit_modes == ["failed", "active"] and 1 not in cluster.failed
             moved = {s.request_id for s in on_0 if not s.done}  # those done came out of the pipe before the stop
             assert len(moved) > len(on_0) // 2 and cluster.num_evacuated == len(moved)
-            await _until(lambda: proc.exitcode == -signal.SIGKILL, 10)
+            await wait_until(lambda: proc.exitcode == -signal.SIGKILL, 10)
 
             assert await asyncio.wait_for(asyncio.gather(*reads), 120) == [LONG] * len(streams)
             outcomes = [await s.wait() for s in streams]
@@ -207,14 +178,14 @@ def test_a_hung_engine_core_is_killed_and_its_requests_go_on() -> None:
 
 def test_a_paused_or_idle_unit_is_not_hung_and_a_paused_one_fails_and_recovers() -> None:
     async def main() -> None:
-        unit = _unit(0, hang_s=0.5)
+        unit = fake_unit(0, hang_s=0.5)
         unit.start()
         cluster, node, _ = _node([unit])
         cluster.start()
         try:
             await asyncio.sleep(1.0)  # idle: nothing in flight
             stream = cluster.submit(ClusterRequest("p", [3] * 16, 4000))
-            await _until(lambda: len(stream.output_token_ids) >= 4, 30)
+            await wait_until(lambda: len(stream.output_token_ids) >= 4, 30)
             node.set_unit_mode(0, "paused")
             assert (await node.settle(10.0)).refused == ()
             await asyncio.sleep(1.2)  # in flight on a paused engine: no step, on purpose
@@ -223,7 +194,7 @@ def test_a_paused_or_idle_unit_is_not_hung_and_a_paused_one_fails_and_recovers()
             assert (await node.settle(10.0)).refused == () and not unit.paused  # the failed unit's engine resumed
             node.recover_unit(0)
             assert node.unit_modes == ["active"] and not cluster.pending and stream.unit_id == 0
-            await _until(lambda: len(stream.output_token_ids) >= 100, 30)
+            await wait_until(lambda: len(stream.output_token_ids) >= 100, 30)
             assert not cluster.failed and stream.abort()
         finally:
             await cluster.close()
@@ -234,7 +205,7 @@ def test_a_paused_or_idle_unit_is_not_hung_and_a_paused_one_fails_and_recovers()
 
 def test_requests_no_unit_takes_are_rejected_after_the_pending_timeout() -> None:
     async def main() -> None:
-        units = [_unit(i) for i in range(2)]
+        units = [fake_unit(i) for i in range(2)]
         for u in units:
             u.start()
         cluster, node, hub = _node(units, pending_timeout_s=0.5)  # no restart_delays: --no-restart
@@ -244,7 +215,7 @@ def test_requests_no_unit_takes_are_rejected_after_the_pending_timeout() -> None
                 pid = u.engine_pid
                 assert pid is not None
                 os.kill(pid, signal.SIGKILL)
-            await _until(lambda: len(cluster.failed) == 2, 5)
+            await wait_until(lambda: len(cluster.failed) == 2, 5)
             t0 = time.monotonic()
             streams = [cluster.submit(ClusterRequest(f"w{i}", [5] * 16, MAX_TOKENS)) for i in range(3)]
             for s in streams:
@@ -271,7 +242,7 @@ def test_pending_timeout_counts_from_when_a_request_starts_waiting() -> None:
     now = [1000.0]
 
     async def main() -> None:
-        units = [_unit(i) for i in range(2)]
+        units = [fake_unit(i) for i in range(2)]
         cluster = VllmCluster(units, DISPATCH_POLICIES["least_loaded"](), ttft_slo_s=5.0, tpot_slo_s=1.0,
                               clock=lambda: now[0], pending_timeout_s=2.0)
         for uid in (0, 1):
