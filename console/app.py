@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -30,6 +31,7 @@ from console.model.records import Connection
 from console.model.state import ConsoleState
 from console.replay_keys import REPLAY_BINDINGS, replay_commands
 from console.screens.base import StateScreen
+from console.screens.focus import LEAVE_INPUT_BINDING, leave_input, takes_text
 from console.screens.heatmap import HeatmapScreen
 from console.screens.help import HelpScreen, key_help
 from console.screens.overview import OverviewScreen
@@ -42,8 +44,9 @@ from console.themes import THEMES
 Clock = Callable[[], int]
 """Wall-clock nanoseconds (``time.time_ns``), injectable for tests."""
 
-FEED_CLOSE_TIMEOUT_S = 2.0
-"""How long an exiting console waits for its feeds to close their connections."""
+FEED_CLOSE_TIMEOUT_S = 0.5
+"""How long an exiting console waits for its feeds to close their connections (a closing handshake on a healthy
+agent takes milliseconds; one that does not answer is left, so that quitting never waits long)."""
 MODE_TITLES: Final[dict[str, str]] = {spec.name: spec.title for spec in SCREENS}
 """Each mode's title (the header's subtitle starts with it)."""
 
@@ -59,6 +62,7 @@ class ConsoleApp(App[int]):
         *SCREEN_BINDINGS,
         Binding("question_mark,f1", "help", "Help", id="console.help", tooltip="List the keys of this screen"),
         Binding("q", "quit", "Quit", id="console.quit", tooltip="Leave the console"),
+        LEAVE_INPUT_BINDING,
         *REPLAY_BINDINGS,
     ]
 
@@ -73,6 +77,7 @@ class ConsoleApp(App[int]):
         state: ConsoleState | None = None,
         keymap: Mapping[str, str] | None = None,
         token: str = "",
+        ssl_context: ssl.SSLContext | None = None,
         database: Database | None = None,
         playback: Playback | None = None,
         theme: str | None = None,
@@ -89,6 +94,8 @@ class ConsoleApp(App[int]):
         """Watch only: control actions are refused."""
         self.token = token
         """The agents' control token (``--token-file``; "": control is off)."""
+        self.ssl_context = ssl_context
+        """How control requests verify ``wss://`` agents (``--ca-file``; None: the system's trust store)."""
         self.database = database
         """What the SQL screen queries: the replayed file, or the console's own recording (None: neither)."""
         self.refresh_s = refresh_s
@@ -180,6 +187,11 @@ class ConsoleApp(App[int]):
         self.refresh_views(force=True)
         self.refresh_bindings()
 
+    def action_leave_input(self) -> None:
+        """Leave the editor or input that has the focus, so the screen keys work again
+        (:mod:`console.screens.focus`)."""
+        leave_input(self.screen)
+
     def action_help(self) -> None:
         """Open the help screen with the keys of the current screen."""
         if not isinstance(self.screen, HelpScreen):
@@ -211,11 +223,14 @@ class ConsoleApp(App[int]):
             self.sub_title = self.describe_sources()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """A mode's key is greyed out on that mode's own screen; the replay's keys are hidden when live."""
+        """A mode's key is greyed out on that mode's own screen; the replay's keys are hidden when live; ``escape``
+        (leave the editor) is shown only while an editor or input has the focus."""
         if action == "show_mode" and parameters and parameters[0] == self.current_mode:
             return None
         if action.startswith("replay_"):
             return self.playback is not None
+        if action == "leave_input":
+            return takes_text(self.focused)
         return True
 
     async def on_overview_screen_unit_chosen(self, message: OverviewScreen.UnitChosen) -> None:

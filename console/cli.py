@@ -3,15 +3,19 @@
 * ``console URI [URI ...]``: live, one feed per agent (``ws://`` or ``wss://``), recording what it receives into
   ``--db`` (default ``console.duckdb`` in the user's data folder; ``--no-record`` to skip; see
   :mod:`console.recorder`); ``console --replay FILE``: a store read back (its SQL screen queries that file).
-  ``--token-file`` (the agents' control token: the Policies screen's actions), ``--read-only`` (no control),
+  ``--token-file`` (the agents' control token: the Policies screen's actions; also sent with the subscriptions, so a
+  read token serves an agent that has one), ``--ca-file`` (the CA that ``wss://``
+  agents' certificates are verified with, for the feeds and control alike), ``--read-only`` (no control),
   ``--refresh S`` (the most often screens redraw, default 0.1 s), ``--exit-after S`` (leave by itself: CI, smoke
   runs), ``--headless`` (no terminal output; also when stdout is not a terminal), ``--key ID=KEY`` (remap a binding
   by its id), ``--theme NAME`` (``trackside-dark``, ``trackside-light`` or one of Textual's). A replay opens at the
   file's end, paused, or with ``--speed X`` plays from its start at X times the recorded pace; a recording live
   console first shows each agent's last ``--history-s`` seconds from its file.
-* ``demo``: starts a simulated agent as a child process (see :mod:`console.demo`) and opens the console on it,
-  with the agent's token (control works) and recording into ``--db`` (default ``demo.duckdb`` in the user's data
-  folder; ``--no-record`` to skip).
+* ``demo``: starts the simulated agents of a scenario (``--scenario``, :mod:`console.scenarios`) as child processes
+  (:mod:`console.demo`) and opens the console on them (:class:`console.demo_app.DemoApp`: it plays the scenario's
+  control changes), with the agents' token (control works) and recording into ``--db`` (default ``demo.duckdb`` in
+  the user's data folder; ``--no-record`` to skip). On exit the agents get SIGTERM and the recording is written; an
+  agent slow to stop is left to stop in the background (said on exit), so the shell is back at once.
 
 Errors in what the user typed (a bad URI, a missing or unreadable file, a bad number) print one line and exit 2.
 """
@@ -22,18 +26,29 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import ssl
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.telemetry.client import TokenFileError, read_token
+from agent.telemetry.client import CaFileError, TokenFileError, client_ssl_context, read_token
 from console.app import ConsoleApp
-from console.demo import AgentOptions, DemoError, data_dir, demo_children
+from console.demo import KILL_AFTER_S, DemoChildren, DemoError, data_dir, demo_children
+from console.demo_app import DemoApp
 from console.feeds import Feed, LiveFeed, ReplayFeed
 from console.model.playback import MAX_SPEED, MIN_SPEED, Playback
 from console.model.state import HISTORY_BUCKETS, ConsoleState
 from console.recorder import ConsoleRecorder, RecordError, RecordingFeed
+from console.scenarios import (
+    DEFAULT_REQUESTS,
+    DEFAULT_SCENARIO,
+    SCENARIOS,
+    UnknownScenarioError,
+    describe_scenarios,
+    scenario,
+)
 from console.sql import Database, ReplayDatabase
 from console.themes import theme_names
 from store.schema import StoreError, connect
@@ -135,7 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-file",
         type=Path,
         metavar="FILE",
-        help="the agents' control token: enables the Policies screen's control actions",
+        help="the agents' control token: enables the Policies screen's control actions; or a read token, sent with "
+        "the feeds' subscriptions (an agent with --read-token-file streams only with it or its control token)",
+    )
+    con.add_argument(
+        "--ca-file",
+        type=Path,
+        metavar="PEM",
+        help="verify wss:// agents' certificates with the CA certificates in this file, and only them (host names "
+        "checked; default: the system's trust store)",
     )
     con.add_argument(
         "--db",
@@ -156,22 +179,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="the console on a local simulated agent, recording to DuckDB",
-        description="Start a simulated agent (4 H100 units by default) as a child process, open the console on "
-        "it with its control token, record what the console receives, stop the agent on exit.",
+        help="the console on local simulated agents (a scenario), recording to DuckDB",
+        description="Start the simulated agents of a scenario as child processes, open the console on them with "
+        "their control token, play the scenario's control changes, record what the console receives; on exit, stop "
+        "the agents (in the background when they are slow to).",
+        epilog=f"scenarios (--scenario NAME):\n{describe_scenarios()}\n\n--workload, --trace, --units, "
+        "--batch-policy, --dispatch and --speed, when given,\nreplace the scenario's settings on each of its agents.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument(
+        "--scenario",
+        default=DEFAULT_SCENARIO,
+        metavar="NAME",
+        help=f"what the demo runs: {', '.join(SCENARIOS)} (default {DEFAULT_SCENARIO}; listed below)",
     )
     src = demo.add_mutually_exclusive_group()
     src.add_argument(
         "--workload",
-        default="bursty",
         metavar="SPEC",
-        help="synthetic workload NAME[:key=value,...] (default bursty; n=100000 unless given)",
+        help=f"synthetic workload NAME[:key=value,...] (n={DEFAULT_REQUESTS} unless given)",
     )
     src.add_argument("--trace", type=Path, help="trace file instead (Azure CSV or trackside JSONL)")
-    demo.add_argument("--units", type=int, default=4, help="simulated units (default 4)")
-    demo.add_argument("--batch-policy", default="vllm")
-    demo.add_argument("--dispatch", default="least_loaded")
-    demo.add_argument("--speed", type=_positive, default=1.0, help="node seconds per real second (default 1)")
+    demo.add_argument("--units", type=int, help="simulated units of each agent")
+    demo.add_argument("--batch-policy", metavar="NAME", help="every agent's batch policy")
+    demo.add_argument("--dispatch", metavar="NAME", help="every agent's dispatch policy")
+    demo.add_argument(
+        "--speed", type=_positive, help="node seconds per real second (default 1; the script's times follow)"
+    )
     demo.add_argument("--db", type=Path, metavar="PATH", help=f"record here (default {data_dir() / 'demo.duckdb'})")
     demo.add_argument("--no-record", action="store_true", help="do not record")
     _add_history_option(demo)
@@ -220,13 +254,15 @@ def make_app(
     args: argparse.Namespace,
     *,
     token: str = "",
+    ssl_context: ssl.SSLContext | None = None,
     database: Database | None = None,
     playback: Playback | None = None,
+    app_class: Callable[..., ConsoleApp] = ConsoleApp,
 ) -> ConsoleApp:
-    """The console app for ``feeds`` with the view options of the command line, the control token, the
-    database of its SQL screen and, for a replay, its cursor."""
+    """The console app (``app_class``) for ``feeds`` with the view options of the command line, the control token
+    and TLS context, the database of its SQL screen and, for a replay, its cursor."""
     state = ConsoleState(bucket_s=args.bucket_s, window_s=args.window_s)
-    return ConsoleApp(
+    return app_class(
         feeds,
         read_only=args.read_only,
         refresh_s=args.refresh,
@@ -234,6 +270,7 @@ def make_app(
         state=state,
         keymap=parse_keymap(args.key),
         token=token,
+        ssl_context=ssl_context,
         database=database,
         playback=playback,
         theme=args.theme,
@@ -268,12 +305,21 @@ def open_recording(db: Path | None) -> Iterator[ConsoleRecorder | None]:
         yield recorder
 
 
-def live_feeds(uris: Sequence[str], recorder: ConsoleRecorder | None, *, history_s: float = 0.0) -> list[Feed]:
-    """One feed per agent; with a recorder, each resumes from the store's position and records what it gets,
-    after showing the last ``history_s`` seconds the store holds of each of its nodes."""
+def live_feeds(
+    uris: Sequence[str],
+    recorder: ConsoleRecorder | None,
+    *,
+    history_s: float = 0.0,
+    ssl_context: ssl.SSLContext | None = None,
+    token: str = "",
+) -> list[Feed]:
+    """One feed per agent (``wss://`` ones verified with ``ssl_context``, ``token`` sent with each subscription);
+    with a recorder, each resumes from the store's position and records what it gets, after showing the last
+    ``history_s`` seconds the store holds of each of its nodes."""
     if recorder is None:
-        return [LiveFeed(uri) for uri in uris]
-    return [RecordingFeed(LiveFeed(uri, resume=recorder.resume_from), recorder, history_s=history_s) for uri in uris]
+        return [LiveFeed(uri, ssl_context=ssl_context, token=token) for uri in uris]
+    feeds = (LiveFeed(uri, resume=recorder.resume_from, ssl_context=ssl_context, token=token) for uri in uris)
+    return [RecordingFeed(feed, recorder, history_s=history_s) for feed in feeds]
 
 
 def history_s(args: argparse.Namespace) -> float:
@@ -307,6 +353,8 @@ def cmd_console(args: argparse.Namespace) -> int:
         raise UsageError("give at least one agent URI (ws://HOST:PORT) or --replay FILE")
     token = read_token(args.token_file)
     if args.replay is not None:
+        if args.ca_file is not None:
+            raise UsageError("--ca-file verifies live wss:// agents; a replay connects to none")
         if args.db is not None:
             raise UsageError("--db records a live console; a replay's SQL screen queries the replayed file")
         if args.history_s is not None:
@@ -319,25 +367,27 @@ def cmd_console(args: argparse.Namespace) -> int:
     if args.speed is not None:
         raise UsageError("--speed paces a replay (--replay FILE); a live console shows the present")
     uris = [check_uri(u) for u in dict.fromkeys(args.uris)]
+    ssl_context = client_ssl_context(args.ca_file)
     db = None if args.no_record else (args.db or data_dir() / "console.duckdb")
     with open_recording(db) as recorder:
-        app = make_app(live_feeds(uris, recorder, history_s=history_s(args)), args, token=token, database=recorder)
+        feeds = live_feeds(uris, recorder, history_s=history_s(args), ssl_context=ssl_context, token=token)
+        app = make_app(feeds, args, token=token, ssl_context=ssl_context, database=recorder)
         return run_app(app, headless=is_headless(args))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``demo``: an agent as a child, the console on it (recording), the agent stopped after."""
-    if args.units < 1:
+    """``demo``: the scenario's agents as children, the console on them (recording, playing the script); on exit the
+    agents get SIGTERM, the recording is written, and agents slow to stop are left to stop in the background."""
+    try:
+        chosen = scenario(args.scenario)
+    except UnknownScenarioError as exc:
+        raise UsageError(str(exc)) from None
+    if args.units is not None and args.units < 1:
         raise UsageError("--units must be at least 1")
     if args.trace is not None and not args.trace.is_file():
         raise UsageError(f"no trace file at {args.trace}")
-    workload = (
-        args.workload
-        if "n=" in args.workload
-        else args.workload + (",n=100000" if ":" in args.workload else ":n=100000")
-    )
-    options = AgentOptions(
-        workload=workload,
+    chosen = chosen.customised(
+        workload=args.workload,
         trace=args.trace,
         units=args.units,
         batch_policy=args.batch_policy,
@@ -346,18 +396,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     db = None if args.no_record else (args.db or data_dir() / "demo.duckdb")
     logs = db.parent if db is not None else data_dir()
-    with open_recording(db) as recorder, demo_children(options, logs=logs) as children:  # the file is checked first
+    with open_recording(db) as recorder, demo_children(chosen.agents, logs=logs) as children:  # the file first
         recording = f"the console records to {db}" if db else "not recording"
+        agents = ", ".join(f"{a.node_id} {a.url}" for a in children.agents)
+        pids = ", ".join(str(a.proc.pid) for a in children.agents)
         print(
-            f"trackside demo: agent pid {children.agent.pid} at {children.url}; {recording}; logs in {logs}",
+            f"trackside demo: scenario {chosen.name}: agents {agents} (agent pids {pids}); {recording}; logs in {logs}",
             file=sys.stderr,
             flush=True,
         )
-        feeds = live_feeds([children.url], recorder, history_s=history_s(args))
-        app = make_app(feeds, args, token=children.token, database=recorder)
+        feeds = live_feeds(list(children.urls.values()), recorder, history_s=history_s(args))
+        factory = partial(DemoApp, scenario=chosen, urls=children.urls)
+        app = make_app(feeds, args, token=children.token, database=recorder, app_class=factory)
         status = run_app(app, headless=is_headless(args))
-    print("trackside demo: stopped the agent" + (f"; recorded to {db}" if db else ""), file=sys.stderr)
+        children.terminate()  # the agents stop while the recording is written
+        if recorder is not None:
+            recorder.close()
+    print(demo_stopped(children, db), file=sys.stderr)
     return status
+
+
+def demo_stopped(children: DemoChildren, db: Path | None) -> str:
+    """What the demo says on exit: the agents stopped, or which are still stopping (and where their logs are)."""
+    recorded = f"; recorded to {db}" if db else ""
+    left = children.left_running
+    if not left:
+        return "trackside demo: stopped the agents" + recorded
+    still = "; ".join(f"{a.node_id} (pid {a.proc.pid}, log {a.log})" for a in left)
+    return (
+        f"trackside demo: still stopping in the background after SIGTERM (killed if still running in "
+        f"{KILL_AFTER_S:g} s): {still}{recorded}"
+    )
 
 
 COMMANDS = {"console": cmd_console, "demo": cmd_demo}
@@ -368,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, DemoError, TokenFileError) as exc:
+    except (UsageError, DemoError, TokenFileError, CaFileError) as exc:
         print(f"trackside {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -1,21 +1,22 @@
 """Sending one control request to an agent and reading its reply, as the Policies screen's workers do.
 
 Each request opens its own connection (:func:`agent.telemetry.client.open_session`: a hello, then the request with the
-console's token and a fresh ``control_id``, then the reply), so control never shares the feed's subscription and
-a slow or lost agent costs only that request: it ends as a :class:`ControlResult` that says why, never as an
-exception. The agent also publishes an ``audit`` event for every action (applied, dry run or rejected); the
-console's feed brings it into the state, where the audit log shows it.
+console's token and a fresh ``control_id``, a random UUID, then the reply; the agent applies a ``control_id`` once),
+so control never shares the feed's subscription and a slow or lost agent costs only that request: it ends as a
+:class:`ControlResult` that says why, never as an exception. The agent also publishes an ``audit`` event for every
+action (applied, dry run or rejected); the console's feed brings it into the state, where the audit log shows it.
 """
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Final
 
 from websockets.exceptions import WebSocketException
 
 from agent.telemetry import ControlAudit, ControlRequest, DryRun, ErrorReply, ProtocolError
-from agent.telemetry.client import open_session
+from agent.telemetry.client import open_session, unreachable
 
 UNREACHABLE: Final = "unreachable"
 """The code of a result whose request got no reply (no connection, a timeout, a refused handshake)."""
@@ -55,14 +56,15 @@ async def send_control(
     *,
     open_timeout_s: float = 5.0,
     timeout_s: float = 10.0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> ControlResult:
-    """Send ``request`` to the agent at ``uri`` with ``token``; its reply as a :class:`ControlResult`."""
+    """Send ``request`` to the agent at ``uri`` with ``token``; its reply as a :class:`ControlResult`. ``ssl_context``
+    verifies a ``wss://`` agent (``--ca-file``; None: the system's trust store)."""
     try:
-        async with open_session(uri, token=token, open_timeout_s=open_timeout_s) as session:
+        async with open_session(uri, token=token, open_timeout_s=open_timeout_s, ssl_context=ssl_context) as session:
             reply = await session.call(request, timeout_s)
     except (OSError, TimeoutError, WebSocketException, ProtocolError) as exc:
-        why = str(exc) or type(exc).__name__
-        return ControlResult(uri, request, ok=False, code=UNREACHABLE, message=f"cannot reach {uri}: {why}")
+        return ControlResult(uri, request, ok=False, code=UNREACHABLE, message=unreachable(uri, exc))
     if isinstance(reply, ErrorReply):
         return ControlResult(uri, request, ok=False, code=reply.code, message=reply.message)
     audit = reply.payload if isinstance(reply.payload, ControlAudit) else None

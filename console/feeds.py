@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -84,14 +85,20 @@ class LiveFeed:
         open_timeout_s: float = 10.0,
         max_frames: int = 256,
         resume: ResumeFrom = None,
+        ssl_context: ssl.SSLContext | None = None,
+        token: str = "",
     ):
         self.uri = uri
         self.resume = resume
+        self.ssl_context = ssl_context
+        """How a ``wss://`` agent's certificate is verified (``--ca-file``; None: the system's trust store)."""
         """Where the stream starts (``stream_batches``' ``resume_after_seq``): None, live only; a recording console
         asks its store for the last position of the hello's run (``ConsoleRecorder.resume_from``)."""
         self._delays = delays
         self._open_timeout_s = open_timeout_s
         self._max_frames = max_frames
+        self._token = token
+        """Sent with the subscription: an agent with a read token needs it (or its control token)."""
 
     @property
     def source(self) -> str:
@@ -116,7 +123,8 @@ class LiveFeed:
         stream = cast(  # an async generator (annotated as an iterator): closed explicitly below
             AsyncGenerator[Sequence[Event], None],
             stream_batches(
-                uri, resume_after_seq=self.resume, delays=self._retrying(queue), open_timeout_s=self._open_timeout_s
+                uri, resume_after_seq=self.resume, delays=self._retrying(queue), open_timeout_s=self._open_timeout_s,
+                ssl_context=self.ssl_context, token=self._token,
             ),
         )
         try:

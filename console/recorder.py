@@ -5,8 +5,9 @@ uses) on a :class:`store.writer.StoreWriter` of the console's file: the feed wor
 :meth:`~store.recorder.Recorder.record` (a queue put that never waits: the UI never waits for the database; beyond
 ``max_backlog`` events behind, frames are dropped and counted), its thread writes them in batches and commits at
 least every ``flush_s`` seconds, and :meth:`ConsoleRecorder.close` writes the rest and commits before the file is
-closed. What is stored is what the state model is given: each connection's hello and the stream's events
-(``seq`` > 0); per-subscriber notices (flow control, gaps) are shown, not stored, as ``trackside record`` does.
+closed. What is stored is what the state model is given: each connection's hello, the stream's events (``seq`` > 0)
+and its ``gap`` alerts (rows of ``gaps``: what the agent no longer buffered when the feed resumed); other
+per-subscriber notices (flow control) are shown, not stored, as ``trackside record`` does.
 Events the agent dropped for a console that fell behind are not fetched again (the console shows the present);
 ``trackside record`` does fetch them.
 
@@ -36,7 +37,7 @@ from console.feeds import Feed, FeedUpdate
 from console.history import MAX_REBUILD_EVENTS, chunks_in_thread, rebuild_events, take
 from store.recorder import MAX_BACKLOG, Recorder
 from store.replay import time_span
-from store.schema import StoreError
+from store.schema import StoreError, StoreLockedError
 from store.writer import StoreWriter
 
 HISTORY_CHUNK = 4096
@@ -64,6 +65,11 @@ class ConsoleRecorder(Recorder):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._store = StoreWriter(self.path)
+        except StoreLockedError as exc:
+            holder = exc.holder or "another process"
+            raise RecordError(
+                f"cannot record to {self.path}: {holder} has it open, and DuckDB allows one writer per file"
+            ) from None
         except (StoreError, OSError) as exc:
             raise RecordError(f"cannot record to {self.path}: {exc}") from None
         self._query_con = self._store.cursor()

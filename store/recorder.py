@@ -9,12 +9,13 @@
   the agents' senders, whose queues drop the oldest events, which the reader fetches again
   (:func:`record_agents`, ``trackside record``: nothing is lost while the agents still buffer it).
 
-Either way what is stored is each connection's hello and the stream's events (``seq`` > 0); per-subscriber
-notices (flow control, gaps) are not stored. The thread writes whole frames, up to ``batch_size`` events per
-``write``, and commits at least every ``flush_s`` seconds; with ``retention_s`` it deletes events older than that,
-at the start and then every tenth of it (at most an hour apart). :meth:`Recorder.close` writes what is queued,
-commits and closes the writer. Durability is the writer's: a commit returns when it is durable, so a recorder
-killed loses nothing it committed, and what it had not committed the agent's replay buffer still holds.
+Either way what is stored is each connection's hello, the stream's events (``seq`` > 0) and its ``gap`` alerts (the
+writer keeps each as a row of ``gaps``: the events the agent no longer buffered when the stream resumed); other
+per-subscriber notices (flow control) are not stored. The thread writes whole frames, up to ``batch_size`` events per
+``write``, and commits at least every ``flush_s`` seconds; with ``retention_s`` it deletes events older than that, at
+the start and then every tenth of it (at most an hour apart). :meth:`Recorder.close` writes what is queued, commits and
+closes the writer. Durability is the writer's: a commit returns when it is durable, so a recorder killed loses nothing
+it committed, and what it had not committed the agent's replay buffer still holds.
 
 Resume: :meth:`Recorder.resume_from` is where a stream starts (``stream_batches``' ``resume_after_seq``), the last
 committed ``seq`` in the run a hello announces (0 for a run the writer has not seen: the agent then sends
@@ -33,13 +34,14 @@ import contextlib
 import logging
 import math
 import queue
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, Self
 
-from agent.telemetry import Event, NodeHello
+from agent.telemetry import Alert, AlertCode, Event, NodeHello
 from agent.telemetry.client import stream_batches
 from store.writer import StoreWriter
 
@@ -116,8 +118,8 @@ class Recorder:
 
     # -- the loop's side ------------------------------------------------------------------------------------------
     def record(self, events: Sequence[Event]) -> None:
-        """Queue a frame's events for the writer (hellos and stream events; notices are left out). Never waits:
-        a frame that would put the writer more than :attr:`max_backlog` events behind is dropped and counted."""
+        """Queue a frame's events for the writer (hellos, stream events and gaps; other notices are left out). Never
+        waits: a frame that would put the writer more than :attr:`max_backlog` events behind is dropped and counted."""
         stored = _stored(events)
         if not stored or self._closed:
             return
@@ -239,8 +241,15 @@ class Recorder:
 
 
 def _stored(events: Sequence[Event]) -> list[Event]:
-    """What a recorder stores of a frame: hellos and stream events, not per-subscriber notices (``seq`` 0)."""
-    return [e for e in events if e.seq or isinstance(e, NodeHello)]
+    """What a recorder stores of a frame: hellos, stream events and ``gap`` alerts, not the other per-subscriber
+    notices (``seq`` 0)."""
+    return [e for e in events if e.seq or isinstance(e, NodeHello) or is_gap(e)]
+
+
+def is_gap(event: Event) -> bool:
+    """Whether ``event`` is a ``gap`` alert: events the agent no longer buffered for a resume (stored as a row of
+    ``gaps``)."""
+    return isinstance(event, Alert) and not event.seq and event.code == AlertCode.GAP
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
@@ -252,7 +261,7 @@ def _resolve(waiter: asyncio.Future[None]) -> None:
 OnHello = Callable[[str, NodeHello], None]
 """Told of each hello an agent sends (its URI, the hello): the start of a connection."""
 OnNotice = Callable[[str, Event], None]
-"""Told of each notice an agent sends (its URI, the notice): not stored."""
+"""Told of each notice an agent sends (its URI, the notice): a ``gap`` is also stored, the others are not."""
 
 
 def log_notice(uri: str, notice: Event) -> None:
@@ -260,11 +269,15 @@ def log_notice(uri: str, notice: Event) -> None:
 
 
 async def follow(uri: str, recorder: Recorder, *, on_hello: OnHello | None = None,
-                 on_notice: OnNotice = log_notice) -> None:
-    """Put one agent's stream into ``recorder`` a frame at a time, until cancelled: its hellos and stream events.
-    It starts where the store stops in the hello's run, and events the agent dropped for it are fetched again (the
-    store keeps one copy of each). Raises ``AgentError`` when the agent refuses the subscription."""
-    async for events in stream_batches(uri, resume_after_seq=recorder.resume_from, refetch_dropped=True):
+                 on_notice: OnNotice = log_notice, ssl_context: ssl.SSLContext | None = None, token: str = "") -> None:
+    """Put one agent's stream into ``recorder`` a frame at a time, until cancelled: its hellos, stream events and
+    ``gap`` alerts (every notice also goes to ``on_notice``). It starts where the store stops in the hello's run, and
+    events the agent dropped for it are fetched again (the store keeps one copy of each). Raises ``AgentError`` when the
+    agent refuses the subscription, ``CertificateError`` when a ``wss://`` agent's certificate does not verify with
+    ``ssl_context`` (None: the system's trust store). ``token`` goes with the subscription (an agent with a read token
+    needs it, or its control token)."""
+    async for events in stream_batches(uri, resume_after_seq=recorder.resume_from, refetch_dropped=True,
+                                       ssl_context=ssl_context, token=token):
         first = events[0]
         if isinstance(first, NodeHello):
             if on_hello is not None:
@@ -276,6 +289,7 @@ async def follow(uri: str, recorder: Recorder, *, on_hello: OnHello | None = Non
             for notice in events:
                 if not notice.seq:
                     on_notice(uri, notice)
+            stored = _stored(events)  # with its gaps, in stream order
         if stored:
             await recorder.put(stored)
 
@@ -291,6 +305,8 @@ async def record_agents(
     retention_s: float | None = None,
     on_hello: OnHello | None = None,
     on_notice: OnNotice = log_notice,
+    ssl_context: ssl.SSLContext | None = None,
+    token: str = "",
 ) -> None:
     """Follow every agent in ``uris`` into the store ``db`` (a :class:`StoreWriter` unless ``writer_factory`` says
     otherwise) until ``stop``; then write what was received, commit and close.
@@ -298,12 +314,17 @@ async def record_agents(
     Frames go to the writer whole (up to ``batch_size`` events per ``write``), committed at least every
     ``flush_s``. Each agent is resumed where the store stops in its current run, and events an agent dropped for
     this recorder are fetched again (duplicates are stored once). ``retention_s``: delete events older than that,
-    at the start and then every tenth of it (at most an hour apart). Raises ``AgentError`` when an agent refuses
-    the subscription, and a writer's error (after closing) when a write, commit or prune failed.
+    at the start and then every tenth of it (at most an hour apart). ``ssl_context`` verifies ``wss://`` agents (None:
+    the system's trust store); ``token`` is sent to every agent (:func:`follow`). Raises ``StoreError``
+    (``StoreLockedError``: another process writes it) when the store cannot be opened, ``AgentError`` when an agent
+    refuses the subscription, ``CertificateError`` when an agent's certificate does not verify, and a writer's error
+    (after closing) when a write, commit or prune failed.
     """
     recorder = Recorder((writer_factory or StoreWriter)(db), flush_s=flush_s, batch_size=batch_size,
                         retention_s=retention_s, name=f"recorder {db.name}")
-    tasks = [asyncio.create_task(follow(uri, recorder, on_hello=on_hello, on_notice=on_notice)) for uri in uris]
+    tasks = [asyncio.create_task(follow(uri, recorder, on_hello=on_hello, on_notice=on_notice, ssl_context=ssl_context,
+                                        token=token))
+             for uri in uris]
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):

@@ -1,13 +1,15 @@
 """Read a store back as the protocol events it was written from (STYLE example 13).
 
-:func:`replay` yields events in stream order, ``(node_id, boot_ns, seq)``, merged across tables, so tests,
-examples and snapshots can feed a console's state model from a file instead of a running agent. Filters
-mirror a subscription's: ``kinds`` (event kinds, :data:`agent.telemetry.EVENT_KINDS`), ``unit_ids``
-(node-level events, which concern no unit, always pass, as in ``agent.telemetry.stream.event_unit_ids``), and a time
-range on ``time_ns``. :func:`areplay` is the same as an async iterator, optionally paced by the events' own
-timestamps at ``speed`` times real time; the database is read in a worker thread. :func:`node_ids`,
-:func:`time_span` and :func:`recent_start` tell a reader which nodes and times there are, and where "the last
-rows, at most so many" begin (a console rebuilding its view at a time of the store, or loading its history).
+:func:`replay` yields events in stream order, ``(node_id, boot_ns, seq)``, merged across tables, so tests, examples and
+snapshots can feed a console's state model from a file instead of a running agent. Filters mirror a subscription's:
+``kinds`` (event kinds, :data:`agent.telemetry.EVENT_KINDS`), ``unit_ids`` (node-level events, which concern no unit,
+always pass, as in ``agent.telemetry.stream.event_unit_ids``), and a time range on ``time_ns``. The holes a recorder was
+told of (table ``gaps``) come back as the ``gap`` alerts that announced them (:func:`gap_alerts`), where they belong in
+their stream: after the last event before the hole, at the time of the first one after it. :func:`areplay` is the same
+as an async iterator, optionally paced by the events' own timestamps at ``speed`` times real time; the database is read
+in a worker thread. :func:`node_ids`, :func:`time_span` and :func:`recent_start` tell a reader which nodes and times
+there are, and where "the last rows, at most so many" begin (a console rebuilding its view at a time of the store, or
+loading its history).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import duckdb
 
-from agent.telemetry import EVENT_KINDS, Event
+from agent.telemetry import EVENT_KINDS, Alert, AlertCode, Event
 from store.convert import TABLE_KINDS, event_from_row, slack_from_rows
 from store.schema import TABLES, connect
 
@@ -66,6 +68,9 @@ def replay(
             if table_kinds:
                 sql, params = _query(table, table_kinds, unit_ids, node_ids, start_ns, end_ns)
                 streams.append(_keyed(index, table, con.cursor().execute(sql, params)))
+        if kinds is None or "alert" in kinds:
+            gaps = gap_alerts(con, node_ids=node_ids, start_ns=start_ns, end_ns=end_ns)
+            streams.append(iter([(e.node_id, boot, e.last_seq, len(TABLES), e) for boot, e in gaps]))
         for *_, event in heapq.merge(*streams):
             yield event
     finally:
@@ -101,6 +106,40 @@ async def areplay(
                 yield event
     finally:
         events.close()
+
+
+def gap_alerts(
+    source: Source,
+    *,
+    node_ids: Collection[str] | None = None,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> list[tuple[int, Alert]]:
+    """The stored gaps as the ``gap`` alerts that announced them, with their runs' ``boot_ns``, in stream order: each
+    at the time of the first stored event after its hole (the stream resumed there; its ``detected_ns`` when none is
+    stored), kept when that time is in ``[start_ns, end_ns)``."""
+    with _opened(source) as con:
+        params: dict[str, Any] = {}
+        where = ""
+        if node_ids is not None:
+            where, params["nodes"] = " WHERE list_contains($nodes, node_id)", sorted(node_ids)
+        query = f"SELECT node_id, boot_ns, from_seq, to_seq, detected_ns FROM gaps{where}"
+        rows = con.execute(query, params).fetchall()
+        after = " UNION ALL ".join(
+            f"SELECT min(time_ns) AS t FROM {table} WHERE node_id = $node AND boot_ns = $boot AND seq = $seq"
+            for table in TABLES
+        )
+        out = []
+        for node, boot, first, last, detected in rows:
+            row = con.execute(f"SELECT min(t) FROM ({after})", {"node": node, "boot": boot, "seq": last + 1}).fetchone()
+            at = int(row[0]) if row and row[0] is not None else int(detected)
+            if (start_ns is None or at >= start_ns) and (end_ns is None or at < end_ns):
+                message = f"events {first}..{last} are missing: the agent no longer buffered them when it resumed"
+                alert = Alert(
+                    node_id=node, time_ns=at, code=AlertCode.GAP, message=message, first_seq=first, last_seq=last
+                )
+                out.append((int(boot), alert))
+    return sorted(out, key=lambda pair: (pair[1].node_id, pair[0], pair[1].last_seq))
 
 
 def node_ids(source: Source) -> list[str]:

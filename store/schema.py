@@ -5,7 +5,9 @@ One table per kind of record. Every event table starts with the same four column
 ``(node_id, boot_ns, seq)``), ``seq`` and ``time_ns`` (wall-clock ns). The writer keeps that triple unique per
 table, except for ``seq`` 0 (per-subscriber notices, which are not part of the stream and are always kept);
 ``nodes`` is unique per ``(node_id, boot_ns)`` and ``slack_samples`` has one row per sampled request (the
-rows of one sample share the event's triple and are numbered by ``idx``).
+rows of one sample share the event's triple and are numbered by ``idx``). Beside the event tables,
+:data:`META_TABLES`: the schema's version, each run's committed position, and the holes in the stream below it
+(``gaps``: what the agent no longer buffered when a recorder resumed).
 
 Columns are typed. JSON text is used only for a step's ``reasons``, an audit's ``old``/``new`` settings and the
 hello's parameter maps and policy catalogue (``CAST(reasons AS JSON)`` or ``reasons->>'$.key'`` query it).
@@ -17,6 +19,7 @@ with a message saying so; a read-only open never migrates.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +27,12 @@ from typing import Final
 
 import duckdb
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """Bumped on any change to the tables below; add a migration from the previous version to :data:`MIGRATIONS`.
 
 2: ``requests.max_tpot_ms`` (the worst per-token TPOT) and each unit's placement in ``nodes.units`` (``gpu_ids``,
-``tensor_parallel_size``, ``pipeline_parallel_size``)."""
+``tensor_parallel_size``, ``pipeline_parallel_size``).
+3: the ``gaps`` table (:data:`GAPS_COLUMNS`)."""
 
 KEY_COLUMNS: Final = ("node_id VARCHAR!", "boot_ns BIGINT!", "seq BIGINT!", "time_ns BIGINT!")
 """The first four columns of every event table; ``!`` marks NOT NULL."""
@@ -100,7 +104,16 @@ def _v1_to_v2(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection], None]] = {1: _v1_to_v2}
+def _v2_to_v3(con: duckdb.DuckDBPyConnection) -> None:
+    """The ``gaps`` table, empty: a store written before knew of no hole (its recorders printed them only).
+    Written out here, as :func:`_v1_to_v2`, so that a later version's columns do not change what this step does."""
+    con.execute(
+        "CREATE TABLE gaps (node_id VARCHAR NOT NULL, boot_ns BIGINT NOT NULL, from_seq BIGINT NOT NULL, "
+        "to_seq BIGINT NOT NULL, detected_ns BIGINT NOT NULL, PRIMARY KEY (node_id, boot_ns, from_seq))"
+    )
+
+
+MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 """``MIGRATIONS[v]`` turns a version-``v`` database into a version ``v + 1`` one (inside one transaction)."""
 
 
@@ -118,12 +131,23 @@ def create_sql(table: str) -> str:
     return f"CREATE TABLE {table} ({cols})"
 
 
+GAPS_COLUMNS: Final = (
+    "node_id VARCHAR NOT NULL, boot_ns BIGINT NOT NULL, from_seq BIGINT NOT NULL, to_seq BIGINT NOT NULL, "
+    "detected_ns BIGINT NOT NULL, PRIMARY KEY (node_id, boot_ns, from_seq)"
+)
+"""``gaps``: events ``from_seq..to_seq`` of a run that the store will never have, because the agent no longer
+buffered them when a recorder resumed (its ``gap`` alert); ``detected_ns`` is the alert's time (the agent's wall
+clock when it answered the resume). One row per hole: a hole announced again (a recorder killed before it
+committed what followed) keeps its first row, widened to the larger ``to_seq``."""
+
 META_TABLES: Final[dict[str, str]] = {
     "schema_version": "version BIGINT NOT NULL, applied_ns BIGINT NOT NULL",
     "positions": "node_id VARCHAR NOT NULL, boot_ns BIGINT NOT NULL, last_seq BIGINT NOT NULL, "
     "PRIMARY KEY (node_id, boot_ns)",
+    "gaps": GAPS_COLUMNS,
 }
-"""``positions``: the highest committed ``seq`` of each run of each node (what a recorder resumes from)."""
+"""``positions``: the highest committed ``seq`` of each run of each node (what a recorder resumes from); ``gaps``:
+the holes below it (:data:`GAPS_COLUMNS`), so a position never looks more complete than the rows are."""
 
 
 class StoreError(Exception):
@@ -132,6 +156,11 @@ class StoreError(Exception):
 
 class StoreLockedError(StoreError):
     """Another process has the database file open for writing."""
+
+    def __init__(self, message: str, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
+        """That process, ``PID 123 (trackside record ...)``, when DuckDB names it (None: it did not)."""
 
 
 class StoreVersionError(StoreError):
@@ -153,10 +182,12 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     except duckdb.IOException as exc:
         text = str(exc)
         if "lock" in text.lower():
+            holder = lock_holder(text)
             raise StoreLockedError(
-                f"{name} is open for writing by another process (DuckDB allows one writer and then no other "
-                "process at all): query it through that process (the console's SQL screen), stop it, or copy "
-                "the file and query the copy"
+                f"{name} is open for writing by another process{', ' + holder if holder else ''} (DuckDB allows one "
+                "writer and then no other process at all): query it through that process (the console's SQL "
+                "screen), stop it, or copy the file and query the copy",
+                holder,
             ) from None
         raise StoreError(f"cannot open {name}: {_first_line(text)}") from None
     except duckdb.Error as exc:
@@ -226,3 +257,29 @@ def _migrate(con: duckdb.DuckDBPyConnection, version: int) -> None:
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
+
+
+_LOCK_HOLDER: Final = re.compile(r"lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
+"""What DuckDB's lock error says of the process holding the lock (``... Conflicting lock is held in
+/usr/bin/python3.11 (PID 28494) ...``)."""
+
+
+def lock_holder(message: str, proc: Path = Path("/proc"), max_chars: int = 100) -> str | None:
+    """The process named by DuckDB's lock error ``message``: ``PID 28494 (trackside record ws://...)``, with its command
+    line where ``proc`` has it (Linux), else the program DuckDB names; None when the message names no process."""
+    match = _LOCK_HOLDER.search(message)
+    if match is None:
+        return None
+    try:
+        argv = [a.decode(errors="replace") for a in (proc / match["pid"] / "cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        argv = []
+    if not argv:
+        argv = [match["program"]]
+    argv[0] = Path(argv[0]).name
+    if argv[0].startswith("python") and len(argv) > 1 and not argv[1].startswith("-"):
+        argv = [Path(argv[1]).name, *argv[2:]]  # an installed script (.../bin/trackside) run by its interpreter
+    command = " ".join(argv)
+    if len(command) > max_chars:
+        command = command[: max_chars - 3] + "..."
+    return f"PID {match['pid']} ({command})"

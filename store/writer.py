@@ -22,6 +22,9 @@ Guarantees (what a recorder may rely on):
   per-policy queries need no join with ``steps``; a refused request with the policy that refused it.
 * **Runs.** ``seq`` restarts at 1 whenever an agent restarts; a :class:`~agent.telemetry.NodeHello` starts a
   new run (its ``boot_ns``) for its node, and the events after it belong to that run.
+* **Gaps.** A ``gap`` alert (the notice an agent sends a resume whose events it no longer buffers, ``seq`` 0)
+  becomes a row of ``gaps`` for the run it arrives in, committed with the events around it; other notices are
+  stored as before. A hole announced again keeps one row (the first ``detected_ns``, the larger ``to_seq``).
 
 One writer per file and per process (DuckDB lets one process open a file for writing, and then no other
 process may open it); read in the same process through :meth:`StoreWriter.cursor`. Not thread-safe: call it
@@ -39,7 +42,7 @@ import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from agent.telemetry import Event, NodeHello, RequestFinished, RequestRefused, StepEvent
+from agent.telemetry import Alert, AlertCode, Event, NodeHello, RequestFinished, RequestRefused, StepEvent
 from store.convert import ROUTES, to_arrow
 from store.schema import TABLES, StoreError, connect
 
@@ -132,6 +135,8 @@ class StoreWriter:
             ).fetchall()
         }
         """The batch policy of each unit's latest step in its node's current run (a finished request's policy)."""
+        self._gaps: dict[tuple[str, int, int], tuple[int, int]] = {}
+        """Gap rows since the last commit: ``(to_seq, detected_ns)`` by ``(node_id, boot_ns, from_seq)``."""
 
     # -- the recorder's interface ----------------------------------------------------------------------------
     def write(self, events: Sequence[Event]) -> None:
@@ -180,6 +185,9 @@ class StoreWriter:
                 self._unit_policy.update(((node, u.unit_id), u.batch_policy) for u in event.units)
             boot = self._run_of.get(node, 0)
             high = self._accepted.get((node, boot), 0)
+        if isinstance(event, Alert) and not event.seq and event.code == AlertCode.GAP:
+            self._gap(node, boot, event)
+            return node, boot, high
         policy: str | None = None
         if isinstance(event, StepEvent):
             self._unit_policy[node, event.unit_id] = event.policy
@@ -195,6 +203,12 @@ class StoreWriter:
         for table in tables:
             self._pending[table].add(event, boot, policy)
         return node, boot, high
+
+    def _gap(self, node: str, boot: int, alert: Alert) -> None:
+        """Keep a ``gap`` alert as a pending row of ``gaps`` (one per hole: the larger ``to_seq``, the first time)."""
+        key = (node, boot, alert.first_seq)
+        to_seq, detected_ns = self._gaps.get(key, (alert.last_seq, alert.time_ns))
+        self._gaps[key] = (max(to_seq, alert.last_seq), min(detected_ns, alert.time_ns))
 
     def _accept(self, node: str, boot: int, high: int) -> None:
         """Record ``high`` as the highest ``seq`` buffered or committed in the run ``(node, boot)``."""
@@ -232,8 +246,9 @@ class StoreWriter:
 
     # -- beyond the recorder's interface ---------------------------------------------------------------------
     def prune(self, older_than_ns: int) -> int:
-        """Delete every event row with ``time_ns`` before ``older_than_ns`` (hellos and positions stay); rows
-        deleted. Commits pending events first; ``last_seq`` is unchanged (pruned events are not rewritten)."""
+        """Delete every event row with ``time_ns`` before ``older_than_ns`` (hellos and positions stay), and the gaps
+        detected before it (their holes are older still); rows deleted. Commits pending events first; ``last_seq`` is
+        unchanged (pruned events are not rewritten)."""
         con = self._require()
         self._commit()
         deleted = 0
@@ -243,6 +258,8 @@ class StoreWriter:
                 if table != "nodes":
                     row = con.execute(f"DELETE FROM {table} WHERE time_ns < ?", [older_than_ns]).fetchone()
                     deleted += int(row[0]) if row else 0
+            row = con.execute("DELETE FROM gaps WHERE detected_ns < ?", [older_than_ns]).fetchone()
+            deleted += int(row[0]) if row else 0
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -276,6 +293,8 @@ class StoreWriter:
                 batch = rows.take()
                 if batch is not None:
                     self._insert(con, table, batch)
+            if self._gaps:
+                self._insert_gaps(con)
             if changed:
                 con.execute(
                     "INSERT OR REPLACE INTO positions VALUES " + ", ".join(["(?, ?, ?)"] * len(changed)),
@@ -289,6 +308,15 @@ class StoreWriter:
         finally:
             self._clear()
         self._committed.update(changed)
+
+    def _insert_gaps(self, con: duckdb.DuckDBPyConnection) -> None:
+        """The pending gap rows (a few at most: one per hole); a hole already stored keeps its row, widened."""
+        rows = [(node, boot, first, last, at) for (node, boot, first), (last, at) in self._gaps.items()]
+        con.execute(
+            "INSERT INTO gaps VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * len(rows))
+            + " ON CONFLICT (node_id, boot_ns, from_seq) DO UPDATE SET to_seq = greatest(to_seq, excluded.to_seq)",
+            [v for row in rows for v in row],
+        )
 
     def _convert(self, rows: PendingRows) -> None:
         try:
@@ -307,6 +335,7 @@ class StoreWriter:
     def _clear(self) -> None:
         for rows in self._pending.values():
             rows.clear()
+        self._gaps.clear()
         self._num_pending = 0
         self._recheck = False
 

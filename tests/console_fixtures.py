@@ -64,7 +64,7 @@ def node_a_events(origin_ns: int | None = None) -> list[Event]:
     hub.attach()
     hello = hub.hello()
     hub.node.advance(SWAP_AT_S)
-    reply = hub.handle(SetBatchPolicy(policy="sarathi", unit_ids=(1,), token=TOKEN), who="test")
+    reply = hub.handle(SetBatchPolicy(policy="sarathi", unit_ids=(1,), token=TOKEN, control_id="swap"), who="test")
     assert isinstance(reply, OkReply), reply
     hub.publish(
         Alert(

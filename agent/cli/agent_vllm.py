@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.bench.runner import split_params
-from agent.cli.common import ServeError, parse_listen
+from agent.cli.common import ServeError, agent_tokens, format_listen, parse_listen
+from agent.cli.connections import connection_limits
 from agent.engine.profiles import load_profile
 from agent.service.server import server_ssl_context
-from agent.telemetry.client import read_token
 from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec
@@ -122,6 +122,7 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None and not getattr(args, flag) >= 0:
             raise ServeError(f"--{flag.replace('_', '-')} must be >= 0 (0: no limit)")
     host, port = parse_listen(args.listen)
+    limits = connection_limits(args)
     serve = parse_listen(args.serve_openai, "--serve-openai") if args.serve_openai else None
     requests: Sequence[RequestSpec] = ()
     if args.trace is not None:
@@ -130,7 +131,7 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         requests = parse_workload(args.workload, seed=args.seed)
     if serve is None and not requests:
         raise ServeError("--engine vllm serves --serve-openai HOST:PORT, replays --workload/--trace, or both")
-    token = read_token(args.token_file)
+    token, read_only = agent_tokens(args)
     batch_params, dispatch_params = split_params(parse_assignments(args.param), args.batch_policy, args.dispatch)
     coefficients = None
     if args.profile:
@@ -186,8 +187,9 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
     if not token:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
     try:
-        return asyncio.run(run_agent(config, node_id=args.node_id, token=token, host=host, port=port, tls=tls,
-                                     replay_events=args.replay_events, slack_sample_ms=args.slack_sample_ms))
+        return asyncio.run(run_agent(config, node_id=args.node_id, token=token, read_token=read_only, host=host,
+                                     port=port, tls=tls, replay_events=args.replay_events,
+                                     slack_sample_ms=args.slack_sample_ms, limits=limits))
     except AgentStartError as exc:
         raise ServeError(str(exc)) from None
     except OSError as exc:  # a port is taken, an address is not ours
@@ -206,11 +208,12 @@ def dry_run_document(args: argparse.Namespace, plan: dict[str, Any], config: Vll
         "served_model_name": config.model_name, **plan, "warnings": [*warnings, *plan["warnings"]],
         "batch_policy": batch.name, "batch_params": dict(batch.params), "dispatch": dispatcher.name,
         "dispatch_params": dict(dispatcher.params), "profile": args.profile, "slo_ttft_ms": args.slo_ttft_ms,
-        "slo_tpot_ms": args.slo_tpot_ms, "listen": "{}:{}".format(*parse_listen(args.listen)),
-        "serve_openai": f"{serve[0]}:{serve[1]}" if serve else None,
+        "slo_tpot_ms": args.slo_tpot_ms, "listen": format_listen(*parse_listen(args.listen)),
+        "serve_openai": format_listen(*serve) if serve else None,
         "workload": {"trace": str(args.trace) if args.trace else None, "workload": args.workload,
                      "num_requests": len(config.requests)} if config.requests else None,
-        "control": args.token_file is not None, "config": str(args.config) if args.config else None,
+        "control": args.token_file is not None, "read_token": args.read_token_file is not None,
+        "config": str(args.config) if args.config else None,
         "restart": config.restart, "engine_hang_s": config.engine_hang_s, "pending_timeout_s": config.pending_timeout_s,
         "openai_args": list(config.openai_args),
     }

@@ -1,6 +1,11 @@
-"""What the ``trackside agent``/``ctl``/``record`` commands share: the error they exit 2 with, ``HOST:PORT`` parsing."""
+"""What the ``trackside agent``/``ctl``/``record`` commands share: the error they exit 2 with, ``HOST:PORT`` parsing,
+the agent's tokens."""
 
 from __future__ import annotations
+
+import argparse
+
+from agent.telemetry.client import read_token
 
 
 class ServeError(Exception):
@@ -8,7 +13,27 @@ class ServeError(Exception):
 
 
 def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
+    """``HOST:PORT`` as (host, port): an IPv6 host in brackets (``[::1]:7700``), no host for 127.0.0.1, port 0 for
+    one the system picks; anything else raises :class:`ServeError` saying what to write."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ServeError(f"{flag} takes HOST:PORT, not {text!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ServeError(f"{flag} takes HOST:PORT (port 0-65535; IPv6 in brackets: [::1]:7700), not {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host or "[" in host or "]" in host:
+        raise ServeError(f"{flag} takes an IPv6 address in brackets, then its port ([::1]:7700), not {text!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def format_listen(host: str, port: int) -> str:
+    """``HOST:PORT`` as :func:`parse_listen` reads it back (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def agent_tokens(args: argparse.Namespace) -> tuple[str, str]:
+    """``trackside agent``'s control token and read token (``--token-file``, ``--read-token-file``; "" without the
+    file); raises :class:`ServeError` when they are the same token (the read one would then control too)."""
+    token, read = read_token(args.token_file), read_token(args.read_token_file)
+    if read and read == token:
+        raise ServeError("--read-token-file holds the control token: give read-only clients a token of their own")
+    return token, read

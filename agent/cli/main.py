@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 UI_COMMANDS = {
     "console": "the operator console (Textual): live agents, or --replay a store (see `trackside console --help`)",
-    "demo": "the console on a local simulated agent replaying a workload, recording to DuckDB (see `trackside demo "
-    "--help`)",
+    "demo": "the console on local simulated agents with a scripted story (--scenario; default showcase: two "
+    "nodes, one staged, a unit failure and a policy swap), recording to DuckDB (see `trackside demo --help`)",
 }
 """Commands of the ``console`` package. The agent imports no UI: these hand the process over to
 ``python -m console`` with the same arguments."""

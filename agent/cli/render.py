@@ -248,7 +248,7 @@ def policies_json(classes: Iterable[type[BatchPolicy] | type[DispatchPolicy]]) -
             "summary": cls.summary,
             "params": [
                 {
-                    "name": p.name, "type": p.type, "default": p.default, "min": p.min, "max": p.max,
+                    "name": p.name, "type": p.type, "default": p.default, "min": p.bounds[0], "max": p.bounds[1],
                     "choices": list(p.choices), "unit": p.unit, "live": p.live, "help": p.help,
                 }
                 for p in cls.params_schema

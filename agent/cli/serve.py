@@ -14,20 +14,23 @@ import asyncio
 import logging
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from websockets.exceptions import WebSocketException
+from websockets.exceptions import InvalidURI, WebSocketException
 
 from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
 from agent.cli.agent_vllm import VLLM_ONLY, add_vllm_options, cmd_agent_vllm
-from agent.cli.common import ServeError, parse_listen
+from agent.cli.common import ServeError, agent_tokens, parse_listen
+from agent.cli.connections import add_connection_options, connection_limits
 from agent.cli.node_config import NodeConfigError, expand_node_config
 from agent.engine.profiles import load_profile
 from agent.runtime.node import Node
+from agent.service.guard import ConnectionLimits
 from agent.service.hub import Hub
 from agent.service.server import AgentServer, server_ssl_context
 from agent.telemetry import (
@@ -52,7 +55,16 @@ from agent.telemetry import (
     Status,
     StatusInfo,
 )
-from agent.telemetry.client import AgentError, TokenFileError, open_session, read_token
+from agent.telemetry.client import (
+    AgentError,
+    CaFileError,
+    CertificateError,
+    TokenFileError,
+    client_ssl_context,
+    open_session,
+    read_token,
+    unreachable,
+)
 from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec
@@ -86,8 +98,10 @@ def add_serve_commands(sub: Any) -> None:
     add_agent_arguments(agent)
 
     ctl = sub.add_parser("ctl", help="send one control request to an agent and print the reply")
-    ctl.add_argument("uri", help="ws://HOST:PORT")
-    ctl.add_argument("--token-file", type=Path)
+    ctl.add_argument("uri", help="ws://HOST:PORT or wss://HOST:PORT (IPv6: ws://[::1]:7700)")
+    ctl.add_argument("--token-file", type=Path,
+                     help="the agent's control token; for status and policies its read token does too")
+    add_ca_file_option(ctl)
     ctl.add_argument("--json", action="store_true", help="print the reply as JSON")
     ctl.add_argument("--dry-run", action="store_true", help="validate a set-* change without applying it")
     actions = ctl.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -120,10 +134,20 @@ def add_serve_commands(sub: Any) -> None:
     rec = sub.add_parser("record", help="subscribe to agents and write their events to a store")
     rec.add_argument("uris", nargs="+", metavar="URI")
     rec.add_argument("--db", type=Path, required=True)
+    rec.add_argument("--token-file", type=Path,
+                     help="a token for agents that have a read token (their read token, or their control token)")
+    add_ca_file_option(rec)
     rec.add_argument("--flush-s", type=float, default=1.0, help="flush at least this often (default 1 s)")
     rec.add_argument("--retention", type=_duration_s, metavar="DURATION",
                      help="keep this much history (e.g. 7d, 12h, 1h30m): older events are deleted at the start "
                      "and then every tenth of it, at most an hour apart (default: keep everything)")
+
+
+def add_ca_file_option(parser: argparse.ArgumentParser) -> None:
+    """A client's ``--ca-file``: the CA that ``wss://`` agents' certificates are verified with."""
+    parser.add_argument("--ca-file", type=Path, metavar="PEM",
+                        help="verify wss:// agents' certificates with the CA certificates in this file, and only "
+                        "them (host names checked; default: the system's trust store)")
 
 
 def add_agent_arguments(agent: argparse.ArgumentParser) -> None:
@@ -159,6 +183,9 @@ def add_agent_arguments(agent: argparse.ArgumentParser) -> None:
                        help="how moved requests' KV travels (default live)")
     agent.add_argument("--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="default 127.0.0.1:7700")
     agent.add_argument("--token-file", type=Path, help="control token (without it, control is disabled)")
+    agent.add_argument("--read-token-file", type=Path,
+                       help="read-only token for dashboards: with it, status, policies and the event stream need this "
+                       "token or the control token (without it they need none); it can change nothing")
     agent.add_argument("--speed", type=float, default=1.0, help="node seconds per real second (default 1)")
     agent.add_argument("--node-id", default=socket.gethostname())
     agent.add_argument("--replay-events", type=int, default=65536, help="events kept for resumes")
@@ -166,6 +193,7 @@ def add_agent_arguments(agent: argparse.ArgumentParser) -> None:
                        help="node time between slack samples of the running requests (default 250, 0: off)")
     agent.add_argument("--tls-cert", type=Path)
     agent.add_argument("--tls-key", type=Path)
+    add_connection_options(agent)
     add_vllm_options(agent)
 
 
@@ -207,7 +235,7 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
     args.units = 4 if args.units is None else args.units
     args.profile = args.profile or "h100-llama31-8b"
     host, port = parse_listen(args.listen)
-    token = read_token(args.token_file)
+    token, read_only = agent_tokens(args)
     requests = (load_trace(args.trace) if args.trace is not None else parse_workload(args.workload, seed=args.seed))
     config = BenchConfig(profile=args.profile, units=args.units, batch_policy=args.batch_policy,
                          dispatch=args.dispatch, params=parse_assignments(args.param), ttft_slo_ms=args.slo_ttft_ms,
@@ -218,23 +246,26 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     node = make_node(config, requests)
-    hub = Hub(node, node_id=args.node_id, profile=args.profile, token=token, replay_capacity=args.replay_events,
-              slack_sample_ms=args.slack_sample_ms)
+    hub = Hub(node, node_id=args.node_id, profile=args.profile, token=token, read_token=read_only,
+              replay_capacity=args.replay_events, slack_sample_ms=args.slack_sample_ms)
     tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
+    limits = connection_limits(args)
     if not token:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
     try:
-        return asyncio.run(_serve(hub, node, host, port, args.speed, tls))
+        return asyncio.run(_serve(hub, node, host, port, args.speed, tls, limits))
     except OSError as exc:  # the port is taken, the address is not ours
         raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-async def _serve(hub: Hub, node: Node, host: str, port: int, speed: float, tls: Any) -> int:
+async def _serve(
+    hub: Hub, node: Node, host: str, port: int, speed: float, tls: Any, limits: ConnectionLimits | None = None
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with AgentServer(hub, host=host, port=port, speed=speed, ssl_context=tls) as server:
+    async with AgentServer(hub, host=host, port=port, speed=speed, ssl_context=tls, limits=limits) as server:
         print(f"trackside agent {hub.node_id}: {server.url} ({len(node.units)} units, "
               f"{len(node.arrivals)} requests, speed {speed:g})", file=sys.stderr, flush=True)
         done = asyncio.create_task(server.workload_done.wait())
@@ -287,11 +318,12 @@ def ctl_request(args: argparse.Namespace) -> ControlRequest:
 
 def cmd_ctl(args: argparse.Namespace, console: object = None) -> int:
     token = read_token(args.token_file)
+    ssl_context = client_ssl_context(args.ca_file)
     request = ctl_request(args)
     try:
-        reply = asyncio.run(_call(args.uri, token, request))
+        reply = asyncio.run(_call(args.uri, token, request, ssl_context))
     except (OSError, TimeoutError, WebSocketException) as exc:
-        print(f"trackside ctl: cannot reach {args.uri}: {exc or type(exc).__name__}", file=sys.stderr)
+        print(f"trackside ctl: {unreachable(args.uri, exc)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     if args.json:
         print(msgspec.json.encode(reply).decode())
@@ -303,8 +335,8 @@ def cmd_ctl(args: argparse.Namespace, console: object = None) -> int:
     return 0
 
 
-async def _call(uri: str, token: str, request: ControlRequest) -> Reply:
-    async with open_session(uri, token=token) as session:
+async def _call(uri: str, token: str, request: ControlRequest, ssl_context: ssl.SSLContext | None = None) -> Reply:
+    async with open_session(uri, token=token, ssl_context=ssl_context) as session:
         return await session.call(request)
 
 
@@ -313,7 +345,8 @@ def render_reply(reply: OkReply) -> str:
     if isinstance(payload, StatusInfo):
         lines = [f"node {payload.node_id}: dispatch {payload.dispatch_policy} {_params(payload.dispatch_params)}",
                  f"stream: seq {payload.last_seq} (buffered from {payload.oldest_seq}), "
-                 f"{payload.num_subscribers} subscribers"]
+                 f"{payload.num_subscribers} subscribers"
+                 + (f" ({payload.num_slow_dropped} closed for not reading)" if payload.num_slow_dropped else "")]
         for u in payload.units:
             lines.append(f"  unit {u.unit_id} [{u.mode}] {u.batch_policy} {_params(u.batch_params)} "
                          f"running {u.num_running} waiting {u.num_waiting}")
@@ -344,18 +377,24 @@ def _duration_s(text: str) -> float:
 
 
 def cmd_record(args: argparse.Namespace, console: object = None) -> int:
+    ssl_context = client_ssl_context(args.ca_file)
+    token = read_token(args.token_file)
     return asyncio.run(record(args.uris, args.db, flush_s=args.flush_s, retention_s=args.retention,
-                              install_signals=True))
+                              install_signals=True, ssl_context=ssl_context, token=token))
 
 
 async def record(
     uris: Sequence[str], db: Path, *, flush_s: float = 1.0, writer_factory: Callable[[Path], EventWriter] | None = None,
     stop: asyncio.Event | None = None, install_signals: bool = False, retention_s: float | None = None,
+    ssl_context: ssl.SSLContext | None = None, token: str = "",
 ) -> int:
     """``trackside record`` without its command line: :func:`store.recorder.record_agents` until ``stop`` (or a
     signal), saying which node each agent is and logging the agents' notices; the exit status (2 when an agent
-    refuses the subscription)."""
+    refuses the subscription, a URI is not an agent's, or the store cannot be opened, e.g. another process writes it;
+    1 when a ``wss://`` agent's certificate does not verify with ``ssl_context``). ``token`` goes with every
+    subscription (agents with a read token need it, or their control token)."""
     from store.recorder import record_agents  # lazily: the store is optional for everything else
+    from store.schema import StoreError, StoreLockedError
 
     stop = stop or asyncio.Event()
     if install_signals:
@@ -364,9 +403,20 @@ async def record(
             loop.add_signal_handler(sig, stop.set)
     try:
         await record_agents(uris, db, stop=stop, writer_factory=writer_factory, flush_s=flush_s,
-                            retention_s=retention_s, on_hello=_print_hello, on_notice=_log_notice)
-    except AgentError as exc:
+                            retention_s=retention_s, on_hello=_print_hello, on_notice=_log_notice,
+                            ssl_context=ssl_context, token=token)
+    except StoreLockedError as exc:
+        print(f"trackside record: error: cannot record to {db}: {exc.holder or 'another process'} has it open, and "
+              "DuckDB allows one writer per file: stop that process or give another --db", file=sys.stderr)
+        return EXIT_ERROR_REPLY
+    except (AgentError, StoreError) as exc:
         print(f"trackside record: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR_REPLY
+    except CertificateError as exc:
+        print(f"trackside record: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except InvalidURI as exc:
+        print(f"trackside record: error: {unreachable(exc.uri, exc)}", file=sys.stderr)
         return EXIT_ERROR_REPLY
     return 0
 
@@ -382,7 +432,7 @@ def _log_notice(uri: str, notice: Event) -> None:
 SERVE_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "agent": cmd_agent, "ctl": cmd_ctl, "record": cmd_record,
 }
-HANDLED_ERRORS: tuple[type[Exception], ...] = (ServeError, AgentError, TokenFileError)
+HANDLED_ERRORS: tuple[type[Exception], ...] = (ServeError, AgentError, TokenFileError, CaFileError)
 """Errors the ``trackside`` main prints as one line with exit status 2 (besides its own)."""
 
 

@@ -13,7 +13,12 @@ The hot-swap contract (POLICIES.md section 5):
   and applies it at the top of its next ``schedule()`` (``agent.runtime.vllm.live``); the hub waits for its
   acknowledgement (:meth:`agent.runtime.port.LiveNode.settle`) before it answers.
 * **Audited.** Every request, applied, rejected or dry run, yields an :class:`AuditRecord` (who, when in
-  wall-clock ns, what, old, new, result, error) passed to ``on_audit``.
+  wall-clock ns, what, old, new, result, error) passed to ``on_audit``; an applied change or a dry run records the
+  values as the policy holds them (parsed and coerced by the schema: ``"0.5"`` becomes ``0.5``), a rejected one
+  what was asked. A request refused before it could run (no or a wrong token, a missing or repeated
+  ``control_id``: the hub decides) is recorded too (:meth:`NodeControl.refuse`).
+* **Once.** The hub refuses a change whose ``control_id`` :class:`ControlIds` has seen recently, so a replayed
+  frame or a retry after a lost reply is never applied twice.
 * **Nothing dropped.** Requests live in the units and the node, not in policies: a swap carries every
   waiting, running and pending request over; none is restarted or duplicated (tested with request
   accounting across 100 swaps under load).
@@ -25,6 +30,7 @@ EWMAs of EB+): a swap is a restart of the decision logic, not of the requests.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -51,7 +57,8 @@ class AuditRecord:
     """Wall-clock time of the decision (ns since the epoch)."""
     who: str
     action: str
-    """``set_batch_policy``, ``set_dispatch_policy``, ``set_params``, ``set_unit_mode``."""
+    """``set_batch_policy``, ``set_dispatch_policy``, ``set_params``, ``set_unit_mode``; the request's kind for one
+    refused before it ran (:meth:`NodeControl.refuse`)."""
     unit_ids: tuple[int, ...]
     """Units concerned (empty for node-wide actions such as the dispatcher)."""
     old: Mapping[str, Any]
@@ -62,6 +69,67 @@ class AuditRecord:
     error_code: str | None = None
     note: str | None = None
     """A remark on an applied change (a live unit that has not acknowledged it yet)."""
+
+
+@dataclass(slots=True)
+class ControlIdUse:
+    """The first use of a ``control_id``: when, and (once answered) its result and its audit event's ``seq``."""
+
+    time_ns: int
+    result: str = ""
+    """``applied``, ``rejected``, ``dry_run``; "" while the change is being carried out."""
+    audit_seq: int = 0
+
+
+@dataclass(slots=True)
+class ControlIds:
+    """The ``control_id`` of every change seen recently, so that a repeat is refused rather than applied again.
+
+    An id is remembered for ``window_ns`` and while it is among the last ``min_kept`` ids, whichever is longer, and
+    never more than ``max_kept`` ids in all (the oldest go first), so memory stays bounded whatever clients send.
+    Ids are remembered whatever the change's outcome (a rejected change's id is spent too), and only for
+    authenticated changes: a client without the token cannot fill the window. Time is wall-clock ns, given.
+    """
+
+    window_ns: int = 600 * 10**9
+    min_kept: int = 4096
+    max_kept: int = 1 << 16
+    _seen: OrderedDict[str, ControlIdUse] = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        if self.window_ns < 0 or self.min_kept < 0:
+            raise ValueError("window_ns and min_kept must be >= 0")
+        self.max_kept = max(self.max_kept, self.min_kept)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def first_use(self, control_id: str, now_ns: int) -> ControlIdUse | None:
+        """The first use of ``control_id`` if it is still remembered at ``now_ns``, else None."""
+        self._forget(now_ns)
+        return self._seen.get(control_id)
+
+    def use(self, control_id: str, now_ns: int) -> ControlIdUse:
+        """Remember ``control_id`` as used now (it must not be remembered already)."""
+        self._forget(now_ns)
+        entry = self._seen[control_id] = ControlIdUse(now_ns)
+        if len(self._seen) > self.max_kept:
+            self._seen.popitem(last=False)
+        return entry
+
+    def settle(self, control_id: str, result: str, audit_seq: int) -> None:
+        """Note how the first use of ``control_id`` turned out (told to a repeat)."""
+        entry = self._seen.get(control_id)
+        if entry is not None:
+            entry.result, entry.audit_seq = result, audit_seq
+
+    def _forget(self, now_ns: int) -> None:
+        seen = self._seen
+        while len(seen) > self.min_kept:
+            oldest = next(iter(seen.values()))
+            if now_ns - oldest.time_ns <= self.window_ns:
+                break
+            seen.popitem(last=False)
 
 
 @dataclass(slots=True)
@@ -161,7 +229,8 @@ class NodeControl:
             else:
                 for index, values in zip(indexes, checked, strict=True):
                     self.node.units[index].set_policy_params(values)
-        return self._record("set_params", who, unit_ids, old, changes, None, dry_run)
+        # The values as the (first) policy holds them, not as sent: "0.5" was parsed to 0.5.
+        return self._record("set_params", who, unit_ids, old, checked[0], None, dry_run)
 
     def set_unit_mode(self, unit_id: int, mode: str, *, who: str = "unknown") -> AuditRecord:
         """Pause, drain or resume one unit (see :meth:`Node.set_unit_mode`)."""
@@ -194,6 +263,11 @@ class NodeControl:
         except (ValueError, ControlError) as exc:
             return self._record("set_unit_mode", who, (unit_id,), {}, {"mode": "active"}, exc)
         return self._record("set_unit_mode", who, (unit_id,), {"mode": "failed"}, {"mode": "active"}, None)
+
+    def refuse(self, action: str, code: str, message: str, *, who: str = "unknown") -> AuditRecord:
+        """Record a request refused before it could run (``code``: ``unauthorized``, ``invalid_field``,
+        ``duplicate_control_id``); ``action`` is the request's kind. Nothing changes."""
+        return self._record(action, who, (), {}, {}, ControlError(code, message))
 
     def amend(self, record: AuditRecord, *, result: str | None = None, error: str | None = None,
               error_code: str | None = None, note: str | None = None) -> AuditRecord:

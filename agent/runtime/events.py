@@ -194,8 +194,8 @@ def param_schema(spec: ParamSpec) -> ParamSchema:
         default=spec.default,
         help=spec.help,
         unit=spec.unit,
-        min=None if spec.min is None else float(spec.min),
-        max=None if spec.max is None else float(spec.max),
+        min=None if spec.bounds[0] is None else float(spec.bounds[0]),  # None: no bound (inf travels as None)
+        max=None if spec.bounds[1] is None else float(spec.bounds[1]),
         choices=spec.choices,
         live=spec.live,
     )

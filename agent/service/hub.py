@@ -1,8 +1,9 @@
 """The agent's telemetry and control hub: the Sans-I/O part of the server, between the node and connections.
 
 The hub turns the node's records into protocol events (through ``agent.telemetry.stream``), numbers them, keeps them for
-resumes and offers them to every subscription; it answers control requests (token checked, executed with
-:class:`~agent.runtime.control.NodeControl`, audited on the stream). It does no I/O: the asyncio server
+resumes and offers them to every subscription; it answers control requests (token checked, a change's
+``control_id`` applied once, executed with :class:`~agent.runtime.control.NodeControl`, audited on the stream, the
+refusals too); with a read token, reads and subscriptions need a token as well. It does no I/O: the asyncio server
 (``agent.service.server``) calls it from the loop that also drives the node, so every control action runs between two
 steps. The node is any :class:`~agent.runtime.port.ServedNode`: the simulated node, or a live one (vLLM units), whose
 control changes the hub confirms with the units before it answers (:meth:`Hub.handle_async`, the only await).
@@ -18,7 +19,7 @@ from typing import Any
 
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.placement import UnitPlacement
-from agent.runtime.control import AuditRecord, NodeControl
+from agent.runtime.control import AuditRecord, ControlIds, ControlIdUse, NodeControl
 from agent.runtime.events import (
     NodeOrigin,
     policy_schemas,
@@ -85,6 +86,9 @@ class Hub:
         node_id: str,
         profile: str,
         token: str = "",
+        read_token: str = "",
+        control_id_window_s: float = 600.0,
+        control_ids_kept: int = 4096,
         replay_capacity: int = 65536,
         max_queued: int = 4096,
         get_time_ns: Callable[[], int] = time.time_ns,
@@ -100,7 +104,14 @@ class Hub:
         self.node = node
         self.node_id = node_id
         self.profile = profile
+        if read_token and read_token == token:
+            raise ValueError("the read token must differ from the control token")
         self._token = token
+        self._read_token = read_token
+        """With it, reads (status, list_policies, subscribe) need it or the control token; without, they need none."""
+        self.control_ids = ControlIds(window_ns=round(control_id_window_s * 1e9), min_kept=control_ids_kept)
+        """Recent changes' ``control_id``: one seen within ``control_id_window_s`` or among the last
+        ``control_ids_kept`` (whichever is longer) is refused with ``duplicate_control_id``."""
         self.max_queued = max_queued
         self._get_time_ns = get_time_ns
         self.boot_ns = boot_ns if boot_ns is not None else get_time_ns()
@@ -119,6 +130,8 @@ class Hub:
         self.subscriptions: dict[Subscription, Notify] = {}
         self.num_dropped_closed = 0
         """Events dropped for subscriptions that have since closed."""
+        self.num_slow_dropped = 0
+        """Subscribers closed for not reading (counted by the server: ``ConnectionLimits.subscriber_timeout_s``)."""
         self._batch_policies = policy_schemas(BATCH_POLICIES.values())
         self._dispatch_policies = policy_schemas(DISPATCH_POLICIES.values())
         self.slack_sample_ms = slack_sample_ms
@@ -136,6 +149,17 @@ class Hub:
     @property
     def control_enabled(self) -> bool:
         return bool(self._token)
+
+    @property
+    def reads_need_token(self) -> bool:
+        """Whether a read token is configured: status, list_policies and subscribe then need a token too."""
+        return bool(self._read_token)
+
+    def accepts_token(self, token: str) -> bool:
+        """Whether ``token`` is one this agent accepts, its control token or its read token (compared in constant
+        time; never without a token configured): the server lets a connection that presents it at connect past the
+        limit on anonymous connections."""
+        return token_matches(token, self._token) or token_matches(token, self._read_token)
 
     # -- the node's hooks ---------------------------------------------------------------------------------
     def attach(self) -> None:
@@ -259,36 +283,37 @@ class Hub:
             if sub.offer(stamped):
                 notify()
 
-    def subscribe(self, request: Subscribe, notify: Notify) -> tuple[Subscription | None, Reply, list[Event]]:
-        """A new live subscription, the reply, and the resume's backlog (or None, the error, []).
+    def subscribe(
+        self, request: Subscribe, notify: Notify, *, who: str = "unknown"
+    ) -> tuple[Subscription | None, Reply, int | None]:
+        """A new live subscription, the reply, and the position its resume streams from (or None, the error, None).
 
-        The backlog (a ``gap`` alert when part of the resume is gone, then the buffered events the filter
-        wants) is sent before the subscription's queue; it does not count against the live queue bound, so a
-        long resume never drops its own events. A resume position of another run of the agent
-        (``resume_boot_ns`` is not :attr:`boot_ns`) restarts from this run's first event; the reply's
-        ``resumed_after_seq`` (0) says so. ``notify`` is called when the subscription has new frames.
+        A resume is not copied: the subscription reads the replay buffer after that position as its sender sends
+        (:meth:`Subscription.replay_from`: a ``gap`` alert when part of it is gone, then the buffered events the
+        filter wants), before its live queue, so a long resume never drops its own events while the buffer holds
+        them and costs nothing per subscriber. A resume position of another run of the agent (``resume_boot_ns`` is
+        not :attr:`boot_ns`) restarts from this run's first event; the reply's ``resumed_after_seq`` (0) says so.
+        ``notify`` is called when the subscription has new frames. With a read token configured, a subscription
+        without it (or the control token) is refused ``unauthorized`` and audited as by ``who``.
         """
+        refused = self._read_refusal(request, who)
+        if refused is not None:
+            return None, refused, None
         sub = Subscription.from_request(request, self.node_id, max_queued=self.max_queued,
                                         get_time_ns=self._get_time_ns)
-        backlog: list[Event] = []
+        num_replayed = 0
         position = request.resume_after_seq
         if position is not None and request.resume_boot_ns not in (None, self.boot_ns):
             position = 0  # its sequence numbers counted in an earlier run: none of them is this run's
         if position is not None:
             try:
-                replay = self.replay.since(position)
+                num_replayed = sub.replay_from(self.replay, position)
             except ResumeError as exc:
-                return None, ErrorReply(control_id=request.control_id, code=exc.code, message=str(exc)), []
-            if replay.gap is not None:
-                first, last = replay.gap
-                backlog.append(Alert(node_id=self.node_id, time_ns=self._get_time_ns(), code=AlertCode.GAP,
-                                     message=f"events {first}..{last} are no longer buffered", first_seq=first,
-                                     last_seq=last))
-            backlog.extend(e for e in replay.events if sub.wants(e))
+                return None, ErrorReply(control_id=request.control_id, code=exc.code, message=str(exc)), None
         self.subscriptions[sub] = notify
         reply = OkReply(control_id=request.control_id, payload=Subscribed(
-            last_seq=self.replay.last_seq, num_replayed=len(backlog), resumed_after_seq=position))
-        return sub, reply, backlog
+            last_seq=self.replay.last_seq, num_replayed=num_replayed, resumed_after_seq=position))
+        return sub, reply, position
 
     def unsubscribe(self, sub: Subscription) -> None:
         if self.subscriptions.pop(sub, None) is not None:
@@ -329,16 +354,22 @@ class Hub:
             node_id=self.node_id, dispatch_policy=self.node.dispatcher.name,
             dispatch_params=dict(self.node.dispatcher.params), units=self.unit_statuses(),
             last_seq=self.replay.last_seq, oldest_seq=self.replay.oldest_seq,
-            num_subscribers=len(self.subscriptions),
+            num_subscribers=len(self.subscriptions), num_slow_dropped=self.num_slow_dropped,
         )
 
     def metrics_text(self) -> str:
         return render(self.node, self.metrics, model_name=self.profile, num_dropped=self.num_dropped,
-                      num_subscribers=len(self.subscriptions))
+                      num_subscribers=len(self.subscriptions), num_slow_dropped=self.num_slow_dropped)
 
     # -- control --------------------------------------------------------------------------------------------
     def handle(self, request: ControlRequest, *, who: str) -> Reply:
         """Answer any request but :class:`Subscribe` (which needs a connection: :meth:`subscribe`).
+
+        A read (status, list_policies) needs no token, or with a read token configured that one or the control
+        token. A change needs the control token and a ``control_id`` not seen within the window
+        (:attr:`control_ids`); it is refused otherwise (``unauthorized``, ``invalid_field``,
+        ``duplicate_control_id``) and changes nothing. Every refusal and every change is audited on the stream
+        (``who``: the peer).
 
         For a live node this answers a change as soon as it was sent to the units: :meth:`handle_async` waits
         for their acknowledgement (the server uses that one).
@@ -371,6 +402,10 @@ class Hub:
     def _decide(self, request: ControlRequest, who: str) -> AuditRecord | Reply:
         """The reply to a read or a refused request, or the audit record of an executed change."""
         cid = request.control_id
+        if not request.needs_token:
+            refused = self._read_refusal(request, who)
+            if refused is not None:
+                return refused
         if isinstance(request, Status):
             return OkReply(control_id=cid, payload=self.status())
         if isinstance(request, ListPolicies):
@@ -379,18 +414,54 @@ class Hub:
         if isinstance(request, Subscribe):
             return ErrorReply(control_id=cid, code=ErrorCode.INTERNAL, message="subscribe needs a connection")
         if request.needs_token and not token_matches(request.token, self._token):
-            why = "wrong or missing token" if self._token else "control is disabled on this agent (no token file)"
-            return ErrorReply(control_id=cid, code=ErrorCode.UNAUTHORIZED, message=why)
+            if not self._token:
+                why = "control is disabled on this agent (no token file)"
+            elif token_matches(request.token, self._read_token):
+                why = "a read token cannot change anything: changes need the control token"
+            else:
+                why = "wrong or missing token"
+            return self._refuse(request, who, ErrorCode.UNAUTHORIZED, why)
+        if not cid:
+            return self._refuse(request, who, ErrorCode.INVALID_FIELD,
+                                "control_id: a change needs one of its own (e.g. a random UUID), never reused")
+        now_ns = self._get_time_ns()
+        first = self.control_ids.first_use(cid, now_ns)
+        if first is not None:
+            return self._refuse(request, who, ErrorCode.DUPLICATE_CONTROL_ID, _repeated(cid, first, now_ns))
+        use = self.control_ids.use(cid, now_ns)
         try:
             return self._execute(request, who)
         except Exception as exc:  # a bug must not take the agent down: answer, log, carry on
             log.exception("control request %s failed", request.__struct_config__.tag)
+            use.result = "rejected"
             return ErrorReply(control_id=cid, code=ErrorCode.INTERNAL, message=f"internal error: {exc}")
+
+    def _read_refusal(self, request: ControlRequest, who: str) -> ErrorReply | None:
+        """None when the read ``request`` may be answered (no read token configured, or it carries one of the
+        tokens); else the (audited) refusal."""
+        if not self._read_token or self.accepts_token(request.token):
+            return None
+        return self._refuse(request, who, ErrorCode.UNAUTHORIZED,
+                            "wrong or missing token: this agent's reads need its read token (or its control token)")
+
+    def _refuse(self, request: ControlRequest, who: str, code: str, message: str) -> ErrorReply:
+        """Answer a request refused before it ran with ``code``, audited (the request's kind as the action)."""
+        self.audit_refusal(str(request.__struct_config__.tag), code, message, who=who, control_id=request.control_id)
+        return ErrorReply(control_id=request.control_id, code=code, message=message)
+
+    def audit_refusal(self, action: str, code: str, message: str, *, who: str, control_id: str = "") -> ControlAudit:
+        """Publish the audit event (``rejected``, ``code``) of something refused before it ran: the hub's own
+        refusals (``action``: the request's kind), and the server's, e.g. a wrong token presented at connect
+        (``action`` ``connect``). ``message`` must not hold the token."""
+        audit = audit_event(self.control.refuse(action, code, message, who=who), self.node_id, control_id)
+        self.publish(audit)
+        return audit
 
     def _answer(self, record: AuditRecord, cid: str) -> Reply:
         """Publish ``record``'s audit event and answer with it (an error reply when it was rejected)."""
         audit = audit_event(record, self.node_id, cid)
         self.publish(audit)
+        self.control_ids.settle(cid, record.result, audit.seq)
         if record.result == "rejected":
             return ErrorReply(control_id=cid, code=record.error_code or ErrorCode.INTERNAL,
                               message=record.error or "rejected")
@@ -423,7 +494,9 @@ def audit_event(record: AuditRecord, node_id: str, control_id: str) -> ControlAu
     old: list[Setting] = []
     new: list[Setting] = []
     targets: list[int | None] = list(record.unit_ids) or [None]
-    if record.action == "set_batch_policy":
+    if not (record.old or record.new):
+        pass  # refused before it ran (NodeControl.refuse): no settings to show
+    elif record.action == "set_batch_policy":
         old = [_setting(int(uid), v) for uid, v in record.old.items()]
         new = [_setting(uid, record.new) for uid in targets]
     elif record.action == "set_dispatch_policy":
@@ -439,11 +512,23 @@ def audit_event(record: AuditRecord, node_id: str, control_id: str) -> ControlAu
         new = [Setting(unit_id=targets[0], mode=mode if mode in ("active", "draining", "paused", "failed") else None)]
     return ControlAudit(
         node_id=node_id, time_ns=record.time_ns, actor=record.who, control_id=control_id,
-        action=record.action,  # type: ignore[arg-type]
+        action=record.action,
         unit_ids=record.unit_ids, old=tuple(old), new=tuple(new),
         result=record.result,  # type: ignore[arg-type]
         error_code=record.error_code or "", message=record.error or record.note or "",
     )
+
+
+def _repeated(control_id: str, first: ControlIdUse, now_ns: int) -> str:
+    """Why a repeated ``control_id`` is refused, and where its first use's outcome is."""
+    ago = f"{max(0, now_ns - first.time_ns) / 1e9:.1f} s ago"
+    if first.result:
+        seq = f" (its audit event: seq {first.audit_seq})" if first.audit_seq else ""
+        outcome = f"that one was {first.result.replace('_', ' ')}{seq}"
+    else:
+        outcome = "that one is still being carried out (its audit event follows on the stream)"
+    return (f"control_id {control_id!r} was used {ago}, nothing was done again: {outcome}; a retry after a lost "
+            "reply finds its outcome there, a new request needs a new control_id")
 
 
 def _setting(unit_id: int | None, value: Mapping[str, Any]) -> Setting:

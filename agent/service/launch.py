@@ -29,6 +29,7 @@ from agent.runtime.port import LiveNode
 from agent.runtime.vllm.cluster import PENDING_TIMEOUT_S, VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode
 from agent.runtime.vllm.restarts import backoff
+from agent.service.guard import ConnectionLimits
 from agent.service.hub import Hub
 from agent.service.server import AgentServer
 from agent.workload.types import RequestSpec
@@ -125,8 +126,8 @@ def runnable(requests: Sequence[RequestSpec], max_model_len: int) -> list[Reques
 
 async def run_agent(
     config: VllmAgentConfig, *, node_id: str, token: str, host: str, port: int, tls: ssl.SSLContext | None = None,
-    replay_events: int = 65536, slack_sample_ms: float = 250.0, stop: asyncio.Event | None = None,
-    install_signals: bool = True, out: TextIO = sys.stderr,
+    read_token: str = "", replay_events: int = 65536, slack_sample_ms: float = 250.0, stop: asyncio.Event | None = None,
+    install_signals: bool = True, out: TextIO = sys.stderr, limits: ConnectionLimits | None = None,
 ) -> int:
     """Start the units and serve them until ``stop`` (or SIGINT/SIGTERM), or until a replayed workload is done when
     there is no OpenAI intake. Returns the exit status."""
@@ -153,10 +154,10 @@ async def run_agent(
         node = LiveVllmNode(cluster, policies, requests=requests, vocab=int(model_config.get_vocab_size()),
                             seed=config.seed)
         served: LiveNode = node
-        hub = Hub(served, node_id=node_id, profile=config.model_name, token=token, replay_capacity=replay_events,
-                  slack_sample_ms=slack_sample_ms, boot_ns=node.origin_ns,
+        hub = Hub(served, node_id=node_id, profile=config.model_name, token=token, read_token=read_token,
+                  replay_capacity=replay_events, slack_sample_ms=slack_sample_ms, boot_ns=node.origin_ns,
                   placements={p.unit_id: p for p in config.placements})
-        async with AgentServer(hub, host=host, port=port, ssl_context=tls, gc_control=False) as server:
+        async with AgentServer(hub, host=host, port=port, ssl_context=tls, gc_control=False, limits=limits) as server:
             print(f"trackside agent {node_id}: {server.url} ({len(units)} vLLM units of {config.model_name}, "
                   f"batch policy {config.batch_policy}, dispatch {dispatcher.name}"
                   f"{f', {len(requests)} requests to replay' if requests else ''})", file=out, flush=True)

@@ -106,7 +106,10 @@ class _Writer:
             self.lines.append(f"{name}_count{_labels(labels)} {hist.count}")
 
 
-def render(node: ServedNode, metrics: NodeMetrics, *, model_name: str, num_dropped: int, num_subscribers: int) -> str:
+def render(
+    node: ServedNode, metrics: NodeMetrics, *, model_name: str, num_dropped: int, num_subscribers: int,
+    num_slow_dropped: int = 0,
+) -> str:
     """The exposition text (format 0.0.4) for ``node`` now."""
     w = _Writer()
     units = [(u, {"model_name": model_name, "engine": str(u.unit_id)}, u.load()) for u in node.units]
@@ -141,4 +144,6 @@ def render(node: ServedNode, metrics: NodeMetrics, *, model_name: str, num_dropp
     w.family("trackside_telemetry_dropped_total", "counter",
              "Telemetry events dropped for subscribers too slow to take them.", [({}, num_dropped)])
     w.family("trackside_telemetry_subscribers", "gauge", "Connected telemetry subscribers.", [({}, num_subscribers)])
+    w.family("trackside_telemetry_slow_subscribers_closed_total", "counter",
+             "Telemetry subscribers closed for not reading within the subscriber timeout.", [({}, num_slow_dropped)])
     return "\n".join(w.lines) + "\n"

@@ -1,8 +1,8 @@
 """An asyncio client of the agent: control calls awaiting their replies, and an event stream that reconnects.
 
 * :func:`open_session` - one connection (no reconnect): ``await session.call(Status())`` sends a request
-  (token and ``control_id`` filled in) and returns its reply; events of a subscription arrive through
-  :meth:`AgentSession.next_batch` (a frame's events) or :meth:`AgentSession.next_event`.
+  (the session's token and a fresh ``control_id``, a random UUID, filled in) and returns its reply; events of a
+  subscription arrive through :meth:`AgentSession.next_batch` (a frame's events) or :meth:`AgentSession.next_event`.
 * :func:`stream_batches` and :func:`stream` - events with reconnect: ``async for ws in connect(...)`` with
   delays from an injectable generator (``delays``); they subscribe with batch frames on
   (:data:`DEFAULT_MAX_BATCH`) and, after a reconnect, with ``resume_after_seq`` set to the last sequence
@@ -11,24 +11,30 @@
   between (new ``boot_ns``, sequence numbers from 1 again) sends its new run from the start.
 
 Agents of protocol 1 (no batch frames, no ``resume_boot_ns``) are refused with a clear :class:`AgentError`.
+``wss://`` agents are verified with the system's trust store, or with :func:`client_ssl_context` (a client's
+``--ca-file``); :func:`read_token` reads a token file and warns when others may read it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
+import os
 import random
 import ssl
+import stat
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Sequence
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.client import process_exception
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
 from agent.telemetry import (
     CODECS,
@@ -75,16 +81,77 @@ class TokenFileError(Exception):
 
 
 def read_token(path: Path | None) -> str:
-    """The control token in ``path`` ("" without a file: control disabled, or not sent)."""
+    """The control token in ``path`` ("" without a file: control disabled, or not sent).
+
+    A file that its group or others may read or write is still used, with a warning (one line: the file, its mode
+    and the ``chmod`` that fixes it): the token is a password for every control action.
+    """
     if path is None:
         return ""
     try:
         token = path.read_text().strip()
+        mode = stat.S_IMODE(path.stat().st_mode)
     except OSError as exc:
         raise TokenFileError(f"cannot read token file {path}: {exc.strerror}") from None
     if not token:
         raise TokenFileError(f"token file {path} is empty")
+    if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("token file %s is open to its group or others (mode %04o): chmod 600 %s", path, mode, path)
     return token
+
+
+class CaFileError(Exception):
+    """A CA file (``--ca-file``) that cannot be read or holds no certificate."""
+
+
+def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext | None:
+    """The TLS context of a client that trusts the CA certificates in ``ca_file`` (PEM) and only them, host names
+    checked; None without a file: ``wss://`` then verifies with the system's default trust store."""
+    if ca_file is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(ca_file))
+    except ssl.SSLError as exc:  # before OSError, its base
+        raise CaFileError(f"CA file {ca_file} holds no PEM certificate ({exc.reason or exc})") from None
+    except OSError as exc:
+        raise CaFileError(f"cannot read CA file {ca_file}: {exc.strerror}") from None
+
+
+def unreachable(uri: str, exc: BaseException) -> str:
+    """Why the agent at ``uri`` could not be reached, in one line; for a certificate that does not verify (an
+    untrusted CA, a name it does not hold), also what to do about it."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        hint = ("connect by a name or address the certificate holds" if exc.verify_code == _HOSTNAME_MISMATCH
+                else "trust the CA that signed it with --ca-file PEM")
+        return f"cannot verify {uri}: certificate verify failed: {exc.verify_message} ({hint})"
+    if isinstance(exc, InvalidStatus):  # the agent refused the handshake: its reason is the body's first line
+        why = exc.response.body.decode(errors="replace").strip().partition("\n")[0] if exc.response.body else ""
+        return f"{uri} refused the connection: HTTP {exc.response.status_code}" + (f": {why}" if why else "")
+    if isinstance(exc, InvalidURI):
+        bare_ipv6 = urlsplit(uri).netloc.count(":") > 1 and "[" not in uri
+        return f"bad agent URI {uri!r}: {exc.msg}" + (" (IPv6 goes in brackets: ws://[::1]:7700)" if bare_ipv6 else "")
+    return f"cannot reach {uri}: {exc or type(exc).__name__}"
+
+
+_HOSTNAME_MISMATCH: Final = 62
+"""OpenSSL's ``X509_V_ERR_HOSTNAME_MISMATCH``."""
+
+
+class CertificateError(Exception):
+    """A ``wss://`` agent whose certificate does not verify, which :func:`stream_batches` does not retry (it would fail
+    the same way); the message (:func:`unreachable`'s) names the agent and what to do."""
+
+
+def _retrying(uri: str) -> Callable[[Exception], Exception | None]:
+    """websockets' rule of what a reconnecting client retries, except a certificate that does not verify: that one
+    ends the stream with a :class:`CertificateError`."""
+
+    def retryable(exc: Exception) -> Exception | None:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return CertificateError(unreachable(uri, exc))
+        return process_exception(exc)
+
+    return retryable
 
 
 class AgentError(Exception):
@@ -104,8 +171,6 @@ class AgentSession:
         self.token = token
         self.fmt: Format = fmt
         self.hello: NodeHello | None = None
-        self._ids = itertools.count(1)
-        self._prefix = f"c{random.getrandbits(32):08x}-"
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._frames: asyncio.Queue[Sequence[Event] | None] = asyncio.Queue(max_frames)
         self._unread: deque[Event] = deque()
@@ -128,7 +193,12 @@ class AgentSession:
                 await self._reader
 
     async def call(self, request: ControlRequest, timeout_s: float = 10.0) -> Reply:
-        """Send ``request`` (with this session's token and a fresh ``control_id``) and await its reply."""
+        """Send ``request`` (with this session's token and a fresh ``control_id``) and await its reply.
+
+        The token goes with every request that has none: a change needs the control token, a read the read token
+        (or the control token) when the agent has one. The ``control_id`` is a random UUID's hex unless the request
+        has one already: the agent refuses a change whose id it has seen (``duplicate_control_id``), so a request
+        sent again as it was is refused, not applied twice."""
         cid, future = await self._send(request)
         try:
             return await asyncio.wait_for(future, timeout_s)
@@ -142,9 +212,9 @@ class AgentSession:
         return future
 
     async def _send(self, request: ControlRequest) -> tuple[str, asyncio.Future[Reply]]:
-        cid = request.control_id or f"{self._prefix}{next(self._ids)}"
+        cid = request.control_id or uuid.uuid4().hex
         changes: dict[str, Any] = {"control_id": cid}
-        if request.needs_token and not request.token:
+        if self.token and not request.token:
             changes["token"] = self.token
         request = msgspec.structs.replace(request, **changes)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -216,9 +286,11 @@ class AgentSession:
 
 
 def _connect(uri: str, fmt: Format, ssl_context: ssl.SSLContext | None, **kwargs: Any) -> connect:
+    """websockets' ``connect`` to ``uri``; ``ssl_context`` applies to a ``wss://`` URI only (several agents, some over
+    TLS and some not, can share one)."""
     if fmt == "json" and "format=" not in uri:
         uri += ("&" if "?" in uri else "?") + "format=json"
-    if ssl_context is not None:
+    if ssl_context is not None and urlsplit(uri).scheme == "wss":
         kwargs["ssl"] = ssl_context
     return connect(uri, max_size=4 * MAX_FRAME_BYTES, compression=None, **kwargs)
 
@@ -228,8 +300,11 @@ async def open_session(
     uri: str, *, token: str = "", fmt: Format = "msgpack", ssl_context: ssl.SSLContext | None = None,
     open_timeout_s: float = 10.0,
 ) -> AsyncIterator[AgentSession]:
-    """One connection to an agent (no reconnect), its hello already read."""
-    async with _connect(uri, fmt, ssl_context, open_timeout=open_timeout_s) as ws:
+    """One connection to an agent (no reconnect), its hello already read. A ``token`` is also presented at connect
+    (``Authorization: Bearer``): the agent then counts the connection under its token limit, not the anonymous one,
+    and refuses the handshake (HTTP 401) when the token is not its own."""
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with _connect(uri, fmt, ssl_context, open_timeout=open_timeout_s, additional_headers=headers) as ws:
         session = AgentSession(ws, token=token, fmt=fmt)
         try:
             await session.start(open_timeout_s)
@@ -251,6 +326,7 @@ async def stream_batches(
     open_timeout_s: float = 10.0,
     max_batch: int = DEFAULT_MAX_BATCH,
     refetch_dropped: bool = False,
+    token: str = "",
 ) -> AsyncIterator[Sequence[Event]]:
     """Events of an agent, a frame's worth at a time, for as long as the caller iterates, across reconnects.
 
@@ -263,13 +339,17 @@ async def stream_batches(
     ``refetch_dropped``: when the agent announces events dropped for this subscriber (``flow_control``), subscribe
     again from the first of them, so a reader that fell behind loses nothing the agent still buffers; events
     after that point then arrive a second time (a consumer that keeps one copy per sequence number, like the
-    store, loses and duplicates nothing). Raises :class:`AgentError` when the agent refuses the subscription
-    for another reason than a stale resume position, or speaks an older protocol.
+    store, loses and duplicates nothing). ``token``: sent with the subscription (an agent with a read token needs
+    it, or its control token). Raises :class:`AgentError` when the agent refuses the subscription
+    for another reason than a stale resume position, or speaks an older protocol, and :class:`CertificateError` when a
+    ``wss://`` agent's certificate does not verify with ``ssl_context`` (:func:`client_ssl_context`; None: the
+    system's trust store).
     """
     last_seq: int | None = None
     boot_ns: int | None = None
-    async for ws in _connect(uri, fmt, ssl_context, open_timeout=open_timeout_s, reconnect_delays=delays):
-        session = AgentSession(ws, fmt=fmt)
+    async for ws in _connect(uri, fmt, ssl_context, open_timeout=open_timeout_s, reconnect_delays=delays,
+                             process_exception=_retrying(uri)):
+        session = AgentSession(ws, token=token, fmt=fmt)
         try:
             hello = await session.start(open_timeout_s)
             _require_version(uri, hello)
@@ -301,6 +381,7 @@ async def stream_batches(
             continue
         finally:
             await session.close()
+            await ws.close()  # now, in this task: websockets' iterator would close it only when collected
 
 
 async def stream(uri: str, **options: Any) -> AsyncIterator[Event]:

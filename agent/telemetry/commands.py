@@ -21,14 +21,24 @@ from agent.telemetry.events import (
 )
 from policies.params import ParamValue
 
-
 # -- control -------------------------------------------------------------------------------------------------
+MAX_CONTROL_ID_CHARS: Final = 128
+"""The longest ``control_id`` a request may carry (a UUID's hex is 32)."""
+
+
 class RequestBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", forbid_unknown_fields=True):
     needs_token: ClassVar[bool] = True
-    """Whether the server must check ``token`` (read-only requests need none)."""
-    control_id: str = ""
-    """Chosen by the client; echoed in the reply and the audit event."""
+    """Whether this is a change: it needs the control token and a ``control_id`` of its own. A read (``status``,
+    ``list_policies``, ``subscribe``) changes nothing: it needs no token, or, when the agent has a read token, that
+    one or the control token, and no ``control_id`` (its repeats are harmless and answered every time)."""
+    control_id: Annotated[str, msgspec.Meta(max_length=MAX_CONTROL_ID_CHARS)] = ""
+    """Chosen by the client; echoed in the reply and the audit event. A change must carry one that this agent has not
+    seen within its window (10 minutes and the last 4,096 changes by default): a repeat (a replayed frame, a retry
+    after a lost reply) is refused ``duplicate_control_id`` and applies nothing, an empty one ``invalid_field``.
+    The clients here send a random UUID's hex."""
     token: str = ""
+    """The control token for a change; for a read, the read token or the control token when the agent has a read
+    token (otherwise ignored)."""
 
 
 class Status(RequestBase, frozen=True, kw_only=True, tag="status"):
@@ -95,7 +105,8 @@ class RecoverUnit(RequestBase, frozen=True, kw_only=True, tag="recover_unit"):
 
 
 class Subscribe(RequestBase, frozen=True, kw_only=True, tag="subscribe"):
-    """Start (or resume) the event stream on this connection. Read-only: no token needed."""
+    """Start (or resume) the event stream on this connection. A read: no token needed unless the agent has a read
+    token (then that one or the control token)."""
 
     needs_token: ClassVar[bool] = False
     protocol_version: int = PROTOCOL_VERSION
@@ -132,6 +143,8 @@ class StatusInfo(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", ta
     oldest_seq: int
     """Oldest sequence number still buffered for resume."""
     num_subscribers: int = 0
+    num_slow_dropped: int = 0
+    """Subscribers the agent closed for not reading (``--subscriber-timeout-s``); 0 from an agent older than it."""
 
 
 class PolicyList(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="policy_list"):

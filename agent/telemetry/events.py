@@ -65,6 +65,9 @@ class ErrorCode(enum.StrEnum):
     """A subscription names an event kind that does not exist."""
     # Decided by the server, after parsing:
     UNAUTHORIZED = "unauthorized"
+    """A change without the control token, or (with a read token configured) a read without either token."""
+    DUPLICATE_CONTROL_ID = "duplicate_control_id"
+    """A change whose ``control_id`` the agent has seen within its window (``docs/protocol.md``): nothing applied."""
     UNKNOWN_POLICY = "unknown_policy"
     BAD_PARAM = "bad_param"
     UNKNOWN_UNIT = "unknown_unit"
@@ -337,9 +340,14 @@ class ControlAudit(EventBase, frozen=True, kw_only=True, tag="audit"):
     """Audit record of a control action, whatever its result: who, when (``time_ns``), old, new, result."""
 
     actor: str
+    """Who asked: the connection's peer (``ws:HOST:PORT``)."""
     control_id: str = ""
     """The control request that asked for it."""
-    action: Literal["set_batch_policy", "set_dispatch_policy", "set_params", "set_unit_mode"]
+    action: str
+    """``set_batch_policy``, ``set_dispatch_policy``, ``set_params`` or ``set_unit_mode``; for a request refused
+    before it ran (``unauthorized``, a missing or repeated ``control_id``) the request's kind (``subscribe``,
+    ``status``, ``pause_unit``, ...), or ``connect`` for a token refused at connect. A string on the wire: newer
+    agents may add actions."""
     unit_ids: tuple[int, ...] = ()
     """Units concerned; empty for the dispatcher."""
     old: tuple[Setting, ...] = ()

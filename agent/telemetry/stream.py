@@ -8,7 +8,8 @@ single-threaded: the server calls it from its event loop.
 Flow: the node's records are converted to events by the runtime (``agent.runtime.events``), stamped by the
 :class:`Sequencer`, appended to the :class:`ReplayBuffer` and offered to every :class:`Subscription`; each
 subscriber's sender pops from its own bounded queue, so a slow reader loses events (counted, announced) instead
-of stalling the engines.
+of stalling the engines. A resume is read from the replay buffer itself (:class:`ReplayCursor`) as it is sent, so it
+costs a subscriber a position, not a copy of the events.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from itertools import islice
 from typing import TypeVar
 
 import msgspec
@@ -90,14 +90,18 @@ class ResumeError(ProtocolError):
 class ReplayBuffer:
     """The last ``capacity`` events of the stream, for clients that reconnect (a ring: the oldest go first).
 
-    Events must arrive with consecutive sequence numbers, so a position maps to an index without a search.
+    Events must arrive with consecutive sequence numbers, so a position maps to a slot of the ring without a
+    search: :meth:`get` is O(1), which lets every resuming subscriber read the one shared buffer through its own
+    :class:`ReplayCursor` instead of copying the events it has yet to send.
     """
 
     def __init__(self, capacity: int, *, first_seq: int = 1) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
-        self._events: deque[Event] = deque(maxlen=capacity)
+        self._ring: list[Event] = []
+        """Event ``seq`` lives at ``(seq - first_seq) % capacity`` (the list grows to ``capacity``, then wraps)."""
+        self._first_seq = first_seq
         self._last_seq = first_seq - 1
 
     @property
@@ -108,32 +112,116 @@ class ReplayBuffer:
     @property
     def oldest_seq(self) -> int:
         """The oldest buffered sequence number (``last_seq + 1`` when empty)."""
-        return self._last_seq - len(self._events) + 1
+        return self._last_seq - len(self._ring) + 1
 
     def __len__(self) -> int:
-        return len(self._events)
+        return len(self._ring)
 
     def append(self, event: Event) -> None:
-        if event.seq != self._last_seq + 1:
-            raise ValueError(f"expected seq {self._last_seq + 1}, got {event.seq}")
-        self._events.append(event)
-        self._last_seq = event.seq
+        seq = event.seq
+        if seq != self._last_seq + 1:
+            raise ValueError(f"expected seq {self._last_seq + 1}, got {seq}")
+        ring = self._ring
+        if len(ring) < self.capacity:
+            ring.append(event)
+        else:
+            ring[(seq - self._first_seq) % self.capacity] = event
+        self._last_seq = seq
 
-    def since(self, after_seq: int) -> Replay:
-        """The buffered events after ``after_seq``, and the gap when some of them are gone.
+    def get(self, seq: int) -> Event:
+        """The buffered event ``seq`` (``oldest_seq <= seq <= last_seq``, else IndexError)."""
+        if not self.oldest_seq <= seq <= self._last_seq:
+            raise IndexError(f"seq {seq} is not buffered ({self.oldest_seq}..{self._last_seq})")
+        return self._ring[(seq - self._first_seq) % self.capacity]
 
-        Raises :class:`ResumeError` when ``after_seq`` is past the newest event or negative.
-        """
+    def read(self, first_seq: int, limit: int, wants: Callable[[Event], bool] | None = None) -> tuple[list[Event], int]:
+        """The first ``limit`` buffered events at most from ``first_seq`` on that ``wants`` accepts (all without it),
+        and the sequence number after the last one looked at. ``first_seq`` must still be buffered (or be
+        ``last_seq + 1``)."""
+        if not self.oldest_seq <= first_seq <= self._last_seq + 1:
+            raise IndexError(f"seq {first_seq} is not buffered ({self.oldest_seq}..{self._last_seq})")
+        ring, cap, base, last = self._ring, self.capacity, self._first_seq, self._last_seq
+        if wants is None:
+            end = min(last, first_seq + limit - 1)
+            if end < first_seq:
+                return [], first_seq
+            i, j = (first_seq - base) % cap, (end - base) % cap
+            return (ring[i:j + 1] if i <= j else ring[i:] + ring[:j + 1]), end + 1
+        out: list[Event] = []
+        seq = first_seq
+        while seq <= last and len(out) < limit:
+            event = ring[(seq - base) % cap]
+            seq += 1
+            if wants(event):
+                out.append(event)
+        return out, seq
+
+    def check_position(self, after_seq: int) -> None:
+        """Raise :class:`ResumeError` when ``after_seq`` is past the newest event or negative."""
         if after_seq < 0 or after_seq > self._last_seq:
             raise ResumeError(
                 ErrorCode.BAD_RESUME_SEQ,
                 f"cannot resume after seq {after_seq}: the stream is at {self._last_seq} "
                 "(sequence numbers restart when the agent restarts)",
             )
+
+    def since(self, after_seq: int) -> Replay:
+        """The buffered events after ``after_seq`` as one tuple, and the gap when some of them are gone (tests and
+        tools; the server streams a resume through a :class:`ReplayCursor` instead).
+
+        Raises :class:`ResumeError` when ``after_seq`` is past the newest event or negative.
+        """
+        self.check_position(after_seq)
         oldest = self.oldest_seq
-        if after_seq + 1 >= oldest:
-            return Replay(tuple(islice(self._events, after_seq + 1 - oldest, None)))
-        return Replay(tuple(self._events), (after_seq + 1, oldest - 1))
+        first = max(after_seq + 1, oldest)
+        events = tuple(self.read(first, self._last_seq - first + 1)[0])
+        return Replay(events, None if after_seq + 1 >= oldest else (after_seq + 1, oldest - 1))
+
+
+class ReplayCursor:
+    """A resume's read position in the shared :class:`ReplayBuffer`: the subscriber's sender takes the next events
+    from the buffer as it sends them, so a resume costs a number per subscriber, not a copy of its backlog, and a
+    subscriber that does not read holds nothing. Events that the ring overwrites before the cursor reaches them are
+    skipped and reported (:meth:`skip_lost`)."""
+
+    __slots__ = ("buffer", "next_seq")
+
+    def __init__(self, buffer: ReplayBuffer, after_seq: int) -> None:
+        self.buffer = buffer
+        self.next_seq = after_seq + 1
+        """The next sequence number to read."""
+
+    @property
+    def done(self) -> bool:
+        """True once every buffered event has been read (the subscriber is live from then on)."""
+        return self.next_seq > self.buffer.last_seq
+
+    def __len__(self) -> int:
+        """Buffered events still to read (before any filter)."""
+        return max(0, self.buffer.last_seq - max(self.next_seq, self.buffer.oldest_seq) + 1)
+
+    def skip_lost(self) -> tuple[int, int] | None:
+        """Move past events the ring no longer holds; their ``(first, last)`` sequence numbers, or None."""
+        oldest = self.buffer.oldest_seq
+        if self.next_seq >= oldest:
+            return None
+        lost = (self.next_seq, oldest - 1)
+        self.next_seq = oldest
+        return lost
+
+    def take(self, limit: int, wants: Callable[[Event], bool] | None = None) -> list[Event]:
+        """The next ``limit`` buffered events at most that ``wants`` accepts (all without it), in order. Call
+        :meth:`skip_lost` first: the events read here must still be buffered."""
+        events, self.next_seq = self.buffer.read(self.next_seq, limit, wants)
+        return events
+
+    def count(self, wants: Callable[[Event], bool] | None = None) -> int:
+        """The buffered events from the position on that ``wants`` accepts (a scan when filtered; nothing kept)."""
+        first = max(self.next_seq, self.buffer.oldest_seq)
+        if wants is None:
+            return max(0, self.buffer.last_seq - first + 1)
+        get = self.buffer.get
+        return sum(1 for seq in range(first, self.buffer.last_seq + 1) if wants(get(seq)))
 
 
 # -- subscriptions -------------------------------------------------------------------------------------------
@@ -156,6 +244,12 @@ class Subscription:
     next :meth:`pop` returns one ``flow_control`` :class:`Alert` covering every event dropped since the last
     announcement (``num_dropped``, ``first_seq..last_seq``) before any later event. Notices (that alert, a
     resume's ``gap`` alert) take no queue space and carry ``seq`` 0. Offering never blocks and costs O(1).
+
+    A resume (:meth:`replay_from`) reads the shared :class:`ReplayBuffer` through a :class:`ReplayCursor` as the
+    sender takes frames: until the cursor has caught up with the stream, offered events are not queued (the buffer
+    holds them already), and the subscription costs a number, however long the resume; from the moment it has
+    caught up, events are queued as for any subscriber. Events the ring overwrites before the cursor reaches them
+    are announced by a ``gap`` alert and skipped.
     """
 
     def __init__(
@@ -188,6 +282,7 @@ class Subscription:
         self.num_dropped = 0
         """Events dropped over the subscription's life."""
         self.num_delivered = 0
+        self._cursor: ReplayCursor | None = None
 
     @classmethod
     def from_request(
@@ -199,8 +294,23 @@ class Subscription:
         )
 
     def __len__(self) -> int:
-        """Frames waiting for the sender (queued events and notices)."""
-        return len(self._queue) + len(self._notices) + (1 if self._drop_count else 0)
+        """Frames waiting for the sender (queued events and notices; a resume's buffered events still to read count
+        before the filter, and one for a gap they may have)."""
+        waiting = len(self._queue) + len(self._notices) + (1 if self._drop_count else 0)
+        cursor = self._cursor
+        if cursor is not None:
+            waiting += len(cursor) + (1 if cursor.next_seq < cursor.buffer.oldest_seq else 0)
+        return waiting
+
+    @property
+    def num_queued(self) -> int:
+        """Events in the live queue (what the subscription holds; a resume still to read is the buffer's)."""
+        return len(self._queue)
+
+    @property
+    def replaying(self) -> bool:
+        """True while a resume is read from the replay buffer (live events are not queued meanwhile)."""
+        return self._cursor is not None
 
     def wants(self, event: Event) -> bool:
         if self.kinds is not None and event.__struct_config__.tag not in self.kinds:
@@ -211,9 +321,13 @@ class Subscription:
         return not units or not self.unit_ids.isdisjoint(units)
 
     def offer(self, event: Event) -> bool:
-        """Queue ``event`` if the filter wants it (dropping the oldest when full); False when filtered out."""
+        """Queue ``event`` if the filter wants it (dropping the oldest when full); False when filtered out. While a
+        resume is read (:attr:`replaying`) the event is not queued: the cursor reads it from the replay buffer, to
+        which it must have been appended first."""
         if not self.wants(event):
             return False
+        if self._cursor is not None:
+            return True
         if len(self._queue) >= self.max_queued:
             dropped = self._queue.popleft()
             if not self._drop_count:
@@ -224,8 +338,21 @@ class Subscription:
         self._queue.append(event)
         return True
 
+    def replay_from(self, buffer: ReplayBuffer, after_seq: int) -> int:
+        """Stream the buffered events after ``after_seq`` before live ones, read from ``buffer`` as they are sent (a
+        ``gap`` notice first when some are no longer buffered); the number of frames that makes now (events the
+        filter wants, and the notice), counted without keeping them. Raises :class:`ResumeError` for a position
+        ahead of the stream."""
+        buffer.check_position(after_seq)
+        cursor = ReplayCursor(buffer, after_seq)
+        num = cursor.count(None if self.unit_ids is None and self.kinds is None else self.wants)
+        num += 1 if after_seq + 1 < buffer.oldest_seq else 0
+        self._cursor = None if cursor.done else cursor
+        return num
+
     def resume(self, replay: Replay) -> None:
-        """Queue a resume's events, after a ``gap`` notice when some are lost."""
+        """Queue a resume's events, after a ``gap`` notice when some are lost (a materialised :class:`Replay`, for
+        tests and tools; the hub uses :meth:`replay_from`)."""
         if replay.gap is not None:
             first, last = replay.gap
             self._notices.append(
@@ -238,6 +365,10 @@ class Subscription:
 
     def pop(self) -> Event | None:
         """The next frame for this subscriber, or None when there is nothing to send."""
+        if self._cursor is not None:
+            replayed = self._replayed(1)
+            if replayed:
+                return replayed[0]
         if self._notices:
             return self._notices.popleft()
         if self._drop_count:
@@ -257,7 +388,7 @@ class Subscription:
 
     def pop_many(self, limit: int) -> list[Event]:
         """The next ``limit`` frames at most, in the order :meth:`pop` gives them (one call per batch frame)."""
-        out: list[Event] = []
+        out: list[Event] = self._replayed(limit) if self._cursor is not None else []
         while len(out) < limit and (self._notices or self._drop_count):
             notice = self.pop()
             assert notice is not None
@@ -271,6 +402,24 @@ class Subscription:
             popleft = queue.popleft
             out.extend(popleft() for _ in range(num))
         self.num_delivered += num
+        return out
+
+    def _replayed(self, limit: int) -> list[Event]:
+        """The resume's next frames (a ``gap`` notice, then buffered events), up to ``limit``; live from the moment
+        the cursor has caught up (nothing offered is lost: the hub appends to the buffer before it offers)."""
+        cursor = self._cursor
+        assert cursor is not None
+        out: list[Event] = []
+        lost = cursor.skip_lost()
+        if lost is not None:
+            first, last = lost
+            out.append(self._alert(AlertCode.GAP, f"events {first}..{last} are no longer buffered", first_seq=first,
+                                   last_seq=last))
+        events = cursor.take(limit - len(out), None if self.unit_ids is None and self.kinds is None else self.wants)
+        self.num_delivered += len(events)
+        out += events
+        if cursor.done:
+            self._cursor = None
         return out
 
     def _alert(

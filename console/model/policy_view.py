@@ -132,11 +132,16 @@ def describe_range(param: ParamSchema) -> str:
     elif param.min is None and param.max is None:
         span = "any"
     else:
-        lo = "-inf" if param.min is None else f"{param.min:g}"
-        hi = "inf" if param.max is None else f"{param.max:g}"
+        lo = "-inf" if param.min is None else _bound(param.min)
+        hi = "inf" if param.max is None else _bound(param.max)
         span = f"{lo}..{hi}"
     text = f"{param.type} {span}" + (f" {param.unit}" if param.unit else "")
     return text if param.live else text + ", fixed while running"
+
+
+def _bound(value: float) -> str:
+    """An integral bound in full (``1048576``, not ``1.04858e+06``), any other as ``%g``."""
+    return str(int(value)) if value.is_integer() else f"{value:g}"
 
 
 def param_lines(schema: PolicySchema | None, values: Mapping[str, ParamValue]) -> list[str]:

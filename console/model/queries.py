@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from console.model.metrics import METRIC_INDEX, METRICS, HeatMetric
-from console.model.records import CellInfo, FlowSummary, HeatmapGrid, HeatRow, NodeInfo, PolicyMarker
+from console.model.records import CellInfo, FlowSummary, GapSpan, HeatmapGrid, HeatRow, NodeInfo, PolicyMarker
 from console.model.render import bucket_index, percentile, percentiles, window_buckets
 from console.model.series import BucketRing, FlowBucket
 from console.model.state import ConsoleState
@@ -104,6 +104,23 @@ def markers_in(state: ConsoleState, first_bucket: int, last_bucket: int) -> dict
     return {index: tuple(markers) for index, markers in found.items()}
 
 
+def gap_at(state: ConsoleState, node: NodeInfo, bucket: int) -> GapSpan | None:
+    """The newest hole of ``node``'s stream whose span touches ``bucket`` (None: none does)."""
+    for gap in reversed(node.gaps):
+        if bucket in gap.buckets(state.bucket_ns):
+            return gap
+    return None
+
+
+def gap_buckets(state: ConsoleState, node: NodeInfo, first_bucket: int, last_bucket: int) -> set[int]:
+    """The buckets in ``first_bucket..last_bucket`` that a hole of ``node``'s stream touches."""
+    found: set[int] = set()
+    for gap in node.gaps:
+        span = gap.buckets(state.bucket_ns)
+        found.update(range(max(span.start, first_bucket), min(span.stop, last_bucket + 1)))
+    return found
+
+
 def heatmap(
     state: ConsoleState,
     metric: HeatMetric,
@@ -112,18 +129,24 @@ def heatmap(
     units: Iterable[tuple[str, int]] | None = None,
 ) -> HeatmapGrid:
     """``metric`` for every unit (or those in ``units``) over ``num_columns`` buckets ending at ``last_bucket``
-    (default: the newest), one mean per bucket, with the policy markers of those buckets by column."""
+    (default: the newest), one mean per bucket, with the policy markers of those buckets by column and, per row, the
+    empty columns inside a hole of the node's stream."""
     last = state.newest_bucket if last_bucket is None else last_bucket
     first = last - num_columns + 1
     index = METRIC_INDEX[metric]
     rows = []
+    holes: dict[str, set[int]] = {}
     for node_id, unit_id in state.unit_keys() if units is None else units:
-        ring = state.nodes[node_id].units[unit_id].heat
+        node = state.nodes[node_id]
+        ring = node.units[unit_id].heat
         values = []
         for b in range(first, last + 1):
             bucket = ring.get(b)
             values.append(None if bucket is None else bucket.mean(index))
-        rows.append(HeatRow(node_id, unit_id, tuple(values)))
+        if node_id not in holes:
+            holes[node_id] = gap_buckets(state, node, first, last) if node.gaps else set()
+        lost = frozenset(b - first for b in holes[node_id] if values[b - first] is None)
+        rows.append(HeatRow(node_id, unit_id, tuple(values), lost))
     markers = {b - first: m for b, m in markers_in(state, first, last).items()}
     return HeatmapGrid(metric, first, tuple(rows), markers)
 
@@ -142,4 +165,7 @@ def cell(state: ConsoleState, node_id: str, unit_id: int, bucket: int) -> CellIn
         for m in markers_in(state, bucket, bucket).get(bucket, ())
         if m.node_id == node_id and (not m.unit_ids or unit_id in m.unit_ids)
     )
-    return CellInfo(node_id, unit_id, bucket, bucket * state.bucket_ns, values, maxima, markers, unit.batch_policy)
+    gap = gap_at(state, node, bucket) if data is None and node.gaps else None
+    return CellInfo(
+        node_id, unit_id, bucket, bucket * state.bucket_ns, values, maxima, markers, unit.batch_policy, gap
+    )

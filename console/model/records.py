@@ -7,7 +7,9 @@ Textual imports: widgets receive these and render them.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Final
 
 from agent.telemetry import PolicySchema, StageBoundaries, UnitMode
 from console.model.metrics import HeatMetric
@@ -73,6 +75,33 @@ class UnitInfo:
     """Pipeline stages (0: simulated, or not said)."""
 
 
+MAX_GAPS: Final = 64
+"""Holes in a node's stream kept at most (the oldest go first)."""
+
+
+@dataclass(slots=True)
+class GapSpan:
+    """Events of a node's stream that never arrived: the agent no longer buffered them when the stream resumed (its
+    ``gap`` alert, live or read back from a store). The heatmap marks its time span where it has no data."""
+
+    boot_ns: int
+    """The run it is a hole in."""
+    first_seq: int
+    last_seq: int
+    start_ns: int
+    """The newest stream event of the run before the hole (the run's start when there was none)."""
+    announced_ns: int
+    """The alert's time: live, when the agent answered the resume; read back from a store, when the stream resumed
+    after the hole. The hole ends there at the latest."""
+    end_ns: int | None = None
+    """The first stream event after the hole, or :attr:`announced_ns` if earlier (None: no event after it yet)."""
+
+    def buckets(self, bucket_ns: int) -> range:
+        """The time buckets its span touches (to :attr:`announced_ns` while no event after it has arrived)."""
+        end = self.announced_ns if self.end_ns is None else self.end_ns
+        return range(self.start_ns // bucket_ns, max(self.start_ns, end) // bucket_ns + 1)
+
+
 @dataclass(slots=True)
 class NodeInfo:
     """One node (one agent run after another): its dispatcher, its units and its node-level flow."""
@@ -96,6 +125,12 @@ class NodeInfo:
     num_events: int = 0
     num_hellos: int = 0
     """Hellos seen: one per connection, so more than one means it reconnected or restarted."""
+    stream_ns: int = 0
+    """The newest time of its stream events (``seq`` > 0: not hellos or notices), where a hole would start."""
+    gaps: deque[GapSpan] = field(default_factory=lambda: deque(maxlen=MAX_GAPS))
+    """Holes in its stream, oldest first."""
+    open_gap: GapSpan | None = None
+    """The newest hole while no event after it has arrived."""
 
 
 @dataclass(slots=True)
@@ -164,6 +199,8 @@ class HeatRow:
     unit_id: int
     values: tuple[float | None, ...]
     """One mean per column, oldest first (None: no sample in that bucket)."""
+    gaps: frozenset[int] = frozenset()
+    """Columns without a sample inside a hole of its node's stream (events lost, not an idle unit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,3 +232,5 @@ class CellInfo:
     maxima: dict[HeatMetric, float | None]
     markers: tuple[PolicyMarker, ...]
     batch_policy: str
+    gap: GapSpan | None = None
+    """The hole of its node's stream the bucket lies in, when it has no sample there."""

@@ -1,13 +1,13 @@
 """Slack of running requests: the latest ``slack_sample`` of every unit, each request's progress over time, and the
 pure queries behind the Slack screen.
 
-A slack sample lists a unit's running requests with the least slack (up to 64): the deadline of each one's next
-output token, ``arrival + ttft_slo + tpot_slo * output_tokens``, and the slack to it. :class:`SlackBook` keeps the
-latest sample per unit and, per request, a bounded trace of ``(time, tokens done)`` from successive samples, with
-the request's arrival and SLOs from ``request_arrived`` (recent requests only: the least recently seen are
-forgotten first). From a trace, :func:`envelope` gives the request's deadline line: token ``j`` is due at
-``arrival + ttft_slo + tpot_slo * j``, so by time ``t`` the tokens due are ``floor((t - first_deadline) / tpot) +
-1``. No Textual, no clock.
+A slack sample lists a unit's running requests with the least slack (up to :data:`SAMPLE_MAX_REQUESTS`): the deadline of
+each one's next output token, ``arrival + ttft_slo + tpot_slo * output_tokens``, and the slack to it. :class:`SlackBook`
+keeps the latest sample per unit and, per request, a bounded trace of ``(time, tokens done)`` from successive samples,
+with the request's arrival and SLOs from ``request_arrived`` (recent requests only: the least recently seen are
+forgotten first). From a trace, :func:`envelope` gives the request's deadline line: token ``j`` is due at ``arrival +
+ttft_slo + tpot_slo * j``, so by time ``t`` the tokens due are ``floor((t - first_deadline) / tpot) + 1``. No Textual,
+no clock.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from typing import Final
 from agent.telemetry import RequestArrived, RequestFinished, SlackSample
 from console.model.render import fmt_si
 
+SAMPLE_MAX_REQUESTS: Final = 64
+"""The most requests a slack sample lists (the agent's ``Hub(slack_max_requests=64)``): a sample with fewer lists
+every running request of its unit at its instant."""
 DEFAULT_TPOT_MS: Final = 50.0
 """The TPOT target assumed for a node before any of its requests said theirs."""
 SLACK_EDGES_TPOT: Final[tuple[float, ...]] = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
@@ -156,6 +159,20 @@ class SlackSummary:
     """Summed over the requests behind, in tokens (not positive)."""
     rows: tuple[SlackRow, ...]
     """Every sampled request, least slack first."""
+    num_running: int = 0
+    """The unit's running requests at the sample, never fewer than it lists: the sample's own count when it is below
+    :data:`SAMPLE_MAX_REQUESTS` (it lists them all), else the unit's latest batch size when that is larger (a step or
+    a load snapshot, from another instant), else the sample's count (:func:`running_at_sample`)."""
+    capped: bool = False
+    """The sample is at :data:`SAMPLE_MAX_REQUESTS`: it lists those with the least slack, and more may be running."""
+
+    @property
+    def running_text(self) -> str:
+        """``23 running``; at the cap, ``64 of 80 running`` (or ``64 of 64+ running`` without a larger batch size)."""
+        sampled = len(self.rows)
+        if not self.capped:
+            return f"{sampled} running"
+        return f"{sampled} of {self.num_running if self.num_running > sampled else f'{sampled}+'} running"
 
 
 def slack_edges_ms(tpot_ms: float) -> list[float]:
@@ -175,13 +192,29 @@ def slack_distribution(slacks_ms: Sequence[float], tpot_ms: float) -> tuple[Slac
     return tuple(SlackBucket(edges[i], edges[i + 1], counts[i]) for i in range(len(counts)))
 
 
-def slack_summary(sample: SlackSample, tpot_ms: float, policy_urgent: int | None = None) -> SlackSummary:
-    """The distribution, urgent and late counts and aggregate progress of ``sample`` against ``tpot_ms``."""
+def running_at_sample(num_sampled: int, batch_size: float | None) -> tuple[int, bool]:
+    """The unit's running requests at a sample that lists ``num_sampled``, and whether the sample is at the cap.
+
+    ``batch_size`` (the unit's latest ``num_running``, from a step or a load snapshot) is from another instant than
+    the sample, so it never overrides a sample below :data:`SAMPLE_MAX_REQUESTS`, which lists every running request:
+    set side by side, the two read "23 of 21 running". At the cap it says how many more run, when it is larger."""
+    capped = num_sampled >= SAMPLE_MAX_REQUESTS
+    if capped and batch_size is not None and batch_size > num_sampled:
+        return int(batch_size), capped
+    return num_sampled, capped
+
+
+def slack_summary(
+    sample: SlackSample, tpot_ms: float, policy_urgent: int | None = None, batch_size: float | None = None
+) -> SlackSummary:
+    """The distribution, urgent and late counts and aggregate progress of ``sample`` against ``tpot_ms``;
+    ``batch_size``: the unit's latest batch size, for the running count beyond a capped sample."""
     tpot = tpot_ms if tpot_ms > 0 else DEFAULT_TPOT_MS
     rows = tuple(
         SlackRow(p.request_id, p.slack_ms, p.output_tokens, p.computed_tokens, p.slack_ms / tpot)
         for p in sorted(sample.requests, key=lambda p: p.slack_ms)
     )
+    num_running, capped = running_at_sample(len(rows), batch_size)
     ahead = [r.tokens_ahead for r in rows if r.slack_ms >= 0]
     behind = [r.tokens_ahead for r in rows if r.slack_ms < 0]
     return SlackSummary(
@@ -197,6 +230,8 @@ def slack_summary(sample: SlackSample, tpot_ms: float, policy_urgent: int | None
         tokens_ahead=sum(ahead),
         tokens_behind=sum(behind),
         rows=rows,
+        num_running=num_running,
+        capped=capped,
     )
 
 

@@ -15,6 +15,8 @@ What comes from where:
   dispatcher's ``unit_load`` snapshots; step time from steps; queued prefill tokens and PAB from ``unit_load``;
 * flow (rates, goodput, SLO attainment, TTFT/TPOT): output tokens are steps' decode tokens plus first tokens;
   requests from ``request_finished`` (and ``request_refused``, which count against attainment);
+* holes in a node's stream (:class:`~console.model.records.GapSpan`): ``gap`` alerts (the agent no longer buffered
+  what a resume asked for), from the node's newest stream event before the alert to its first one after;
 * recent steps per unit (:mod:`console.model.steps`), slack samples and requests' progress (:mod:`console.model.slack`),
   stage changes, arrivals' lengths and migrations (:mod:`console.model.stages`): the Steps, Slack and Stages screens.
 
@@ -29,6 +31,7 @@ from typing import Any, Final
 
 from agent.telemetry import (
     Alert,
+    AlertCode,
     ControlAudit,
     Event,
     NodeHello,
@@ -47,6 +50,7 @@ from console.model.records import (
     MODE_STATES,
     AlertEntry,
     Connection,
+    GapSpan,
     NodeInfo,
     PolicyMarker,
     SourceInfo,
@@ -157,6 +161,11 @@ class ConsoleState:
                 handler = handlers.get(type(event))
                 if handler is not None:
                     handler(event, node)
+                if event.seq:
+                    if t > node.stream_ns:
+                        node.stream_ns = t
+                    if node.open_gap is not None and event.seq > node.open_gap.last_seq:
+                        self._close_gap(node, t)  # the first event after the hole
             count += 1
         self.now_ns = now
         self.num_events += count
@@ -257,6 +266,8 @@ class ConsoleState:
             if node.node_id not in info.node_ids:
                 info.node_ids.append(node.node_id)
         node.num_hellos += 1
+        if node.open_gap is not None and node.open_gap.boot_ns != event.boot_ns:  # its run ended inside the hole
+            self._close_gap(node, event.time_ns)
         node.boot_ns, node.profile = event.boot_ns, event.profile
         node.dispatch_policy, node.dispatch_params = event.dispatch_policy, dict(event.dispatch_params)
         node.batch_policies, node.dispatch_policies = event.batch_policies, event.dispatch_policies
@@ -360,6 +371,20 @@ class ConsoleState:
 
     def _on_alert(self, event: Alert, node: NodeInfo) -> None:
         self._alert(AlertEntry(event.time_ns, node.node_id, event.code, event.severity, event.message, event.unit_id))
+        if event.code == AlertCode.GAP and event.first_seq:
+            start = max(node.stream_ns, node.boot_ns)
+            gap = GapSpan(node.boot_ns, event.first_seq, event.last_seq, start, max(start, event.time_ns))
+            node.gaps.append(gap)
+            node.open_gap = gap
+
+    @staticmethod
+    def _close_gap(node: NodeInfo, time_ns: int) -> None:
+        """End ``node``'s open hole at ``time_ns`` (at its announcement if earlier: a hole read back from before a
+        rebuild's window is followed by the window's first event, not by the one that ended it)."""
+        gap = node.open_gap
+        if gap is not None:
+            gap.end_ns = max(gap.start_ns, min(time_ns, gap.announced_ns))
+            node.open_gap = None
 
     def _on_stages(self, event: StageBoundaries, node: NodeInfo) -> None:
         node.stages = event

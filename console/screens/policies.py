@@ -12,6 +12,7 @@ flight; a line above the table says why.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -54,10 +55,12 @@ MODE_REQUESTS: dict[str, tuple[type[PauseUnit | DrainUnit | ResumeUnit], str]] =
 
 @runtime_checkable
 class ControlHost(Protocol):
-    """What the screen needs of the app: whether control is allowed, and the token it is sent with."""
+    """What the screen needs of the app: whether control is allowed, the token it is sent with, and how a ``wss://``
+    agent is verified (None: the system's trust store)."""
 
     read_only: bool
     token: str
+    ssl_context: ssl.SSLContext | None
 
 
 class PoliciesScreen(StateScreen):
@@ -269,13 +272,13 @@ class PoliciesScreen(StateScreen):
             self._say(f"not sent: {refusal or 'no connection to ' + node_id}", error=True)
             return
         app = self.app
-        token = app.token if isinstance(app, ControlHost) else ""
+        token, ssl_context = (app.token, app.ssl_context) if isinstance(app, ControlHost) else ("", None)
         uri = node.source
         self.in_flight = True
         self._show_selection()
 
         async def control() -> None:
-            result = await send_control(uri, token, request)
+            result = await send_control(uri, token, request, ssl_context=ssl_context)
             self.post_message(self.ControlReplied(result, change))
 
         self.run_worker(control(), name=f"control {node_id}", group="control", exit_on_error=False)

@@ -104,16 +104,16 @@ class SlackScreen(UnitScreen):
             return
         node_id, unit_id = self.unit
         sample = state.slack.latest.get(self.unit)
-        unit = state.nodes[node_id].units.get(unit_id)
-        running = unit.latest.get(HeatMetric.BATCH) if unit is not None else None
         if sample is None:
             self.summary = None
         else:
             step = state.steps.latest(node_id, unit_id)
             urgent = step.reasons.get("urgent_decodes") if step is not None else None
             policy_urgent = urgent if isinstance(urgent, int) and not isinstance(urgent, bool) else None
-            self.summary = slack_summary(sample, state.slack.tpot_ms(node_id), policy_urgent)
-        self.query_one(SlackDistribution).show(self.summary, None if running is None else int(running))
+            unit = state.nodes[node_id].units.get(unit_id)
+            batch = unit.latest.get(HeatMetric.BATCH) if unit is not None else None  # from another instant
+            self.summary = slack_summary(sample, state.slack.tpot_ms(node_id), policy_urgent, batch_size=batch)
+        self.query_one(SlackDistribution).show(self.summary)
         parts = [f"{node_id} u{unit_id} ({units.index(self.unit) + 1}/{len(units)})"]
         if sample is not None:
             parts.append(f"sample {fmt_age((state.now_ns - sample.time_ns) / 1e9)}")

@@ -3,8 +3,10 @@ a table, a history, and export of the last query's rows to CSV or Parquet.
 
 Queries and exports run in thread workers (STYLE example 8) and come back as :class:`SqlScreen.QueryFinished`
 and :class:`SqlScreen.ExportFinished`; one runs at a time. Keys: ``ctrl+enter`` (or ``ctrl+j``, ``f5``) runs the
-editor's query, ``ctrl+up`` / ``ctrl+down`` walk the history, ``ctrl+s`` exports; ``tab`` leaves the editor (the
-console's single-key bindings work from the results table).
+editor's query, ``ctrl+up`` / ``ctrl+down`` walk the history, ``ctrl+s`` exports. The editor has the focus when the
+screen first opens and takes the single keys while it has it; ``escape`` leaves it for the results table (the app's
+``console.leave_input``, which the footer shows meanwhile: :mod:`console.screens.focus`), and the console's
+single-key bindings work again; ``tab`` or a click goes back in.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ STARTER_QUERY: Final = (
     "FROM steps GROUP BY ALL ORDER BY ALL"
 )
 TABLES_HINT: Final = (
-    "tables: nodes steps requests request_events unit_loads stage_boundaries slack_samples audits alerts"
+    "tables: nodes steps requests request_events unit_loads stage_boundaries slack_samples audits alerts gaps"
 )
 
 

@@ -11,8 +11,8 @@ from console.model.render import fmt_age, fmt_clock, fmt_value
 
 
 def cell_text(cell: CellInfo | None, metric: HeatMetric, newest_bucket: int, bucket_s: float) -> str:
-    """Two lines (three with policy changes): where and when, the selected metric (mean and max), every other
-    metric's mean. Pure, for tests."""
+    """Two lines (three with policy changes, or inside a hole of the node's stream): where and when, the selected
+    metric (mean and max), every other metric's mean. Pure, for tests."""
     if cell is None:
         return "no unit under the cursor"
     age = (newest_bucket - cell.bucket) * bucket_s
@@ -31,6 +31,11 @@ def cell_text(cell: CellInfo | None, metric: HeatMetric, newest_bucket: int, buc
     lines = [head, others]
     if cell.markers:
         lines.append("changed: " + "; ".join(f"{m.action} {m.text}" for m in cell.markers))
+    if cell.gap is not None:
+        lines.append(
+            f"lost: events {cell.gap.first_seq}..{cell.gap.last_seq} of {cell.node_id} (a gap: the agent no longer "
+            "buffered them when the stream resumed)"
+        )
     return "\n".join(lines)
 
 

@@ -6,8 +6,8 @@ answers with a new grid. Colours blend the component classes ``heatmap--low``, `
 ``heatmap--high`` (theme variables in ``console.tcss``) over :data:`LEVELS` levels.
 
 Lines, top down: policy markers (``◆`` where an applied control action falls), one row per visible unit (labelled
-``node-a  u0``, and ``gpu0,1`` after it when the unit runs on GPUs), the time axis (``^`` under the cursor's column),
-the legend.
+``node-a  u0``, and ``gpu0,1`` after it when the unit runs on GPUs; an empty cell is ``·``, or ``×`` inside a hole of
+its node's stream: events lost, not an idle unit), the time axis (``^`` under the cursor's column), the legend.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from console.model.placement import clip
 from console.model.records import HeatmapGrid
 from console.model.render import fmt_value, gradient_stop, scale_level, scale_range, time_axis
 
+GAP_GLYPH: Final = "×"
+"""An empty cell inside a hole of its node's stream (component class ``heatmap--gap``)."""
 LEVELS: Final = 10
 """Colour levels of the scale."""
 LABEL_WIDTH: Final = 12
@@ -84,6 +86,7 @@ class HeatmapView(Widget, can_focus=True):
         "heatmap--mid",
         "heatmap--high",
         "heatmap--empty",
+        "heatmap--gap",
         "heatmap--label",
         "heatmap--node",
         "heatmap--cursor",
@@ -291,12 +294,12 @@ class HeatmapView(Widget, can_focus=True):
         spec = METRIC_SPECS[grid.metric]
         low, high = self._scale(grid)
         palette = self.palette()
-        empty = self._style("empty")
+        empty, lost = self._style("empty"), self._style("gap")
         cursor_col = self._cursor_column(grid) if is_cursor_row else -1
         base = self.rich_style
         for col, value in enumerate(row.values):
             if value is None:
-                style, glyph = empty, "·"
+                style, glyph = (lost, GAP_GLYPH) if col in row.gaps else (empty, "·")
             else:
                 style, glyph = (
                     base + palette[scale_level(value, low, high, LEVELS, higher_is_worse=spec.higher_is_worse)],
@@ -342,6 +345,10 @@ class HeatmapView(Widget, can_focus=True):
         segments.append(Segment(" " + fmt_value(high, spec.unit, spec.percent) + "  ", self._style("axis")))
         segments.append(Segment("·", self._style("empty")))
         segments.append(Segment(" no data", self._style("axis")))
+        if any(row.gaps for row in grid.rows):
+            segments.append(Segment("  ", self._style("axis")))
+            segments.append(Segment(GAP_GLYPH, self._style("gap")))
+            segments.append(Segment(" lost (gap)", self._style("axis")))
         return segments
 
 

@@ -16,17 +16,16 @@ LABEL_WIDTH: Final = 12
 """Columns of the bucket labels (with the count after them)."""
 
 
-def distribution_rows(summary: SlackSummary | None, num_running: int | None, width: int) -> list[Row]:
-    """The heading, one bar per bucket (late in the alarming style, under one TPOT in the warning one), then the
-    urgent/late counts and the aggregate progress. Pure, for tests."""
+def distribution_rows(summary: SlackSummary | None, width: int) -> list[Row]:
+    """The heading (the running count at the sample, :attr:`SlackSummary.running_text`), one bar per bucket (late in
+    the alarming style, under one TPOT in the warning one), then the urgent/late counts and the aggregate progress.
+    Pure, for tests."""
     if summary is None:
         return [
             [("no slack sample from this unit", "muted")],
             [("(the agent samples every --slack-sample-ms; 0 turns sampling off)", "muted")],
         ]
-    sampled = len(summary.rows)
-    counted = f"{sampled} sampled" if num_running is None else f"{sampled} of {num_running} running"
-    rows: list[Row] = [[(f"{counted} · TPOT {fmt_ms(summary.tpot_ms)} ms", "heading")]]
+    rows: list[Row] = [[(f"{summary.running_text} · TPOT {fmt_ms(summary.tpot_ms)} ms", "heading")]]
     top = max((b.count for b in summary.buckets), default=0)
     bar_width = max(1, width - LABEL_WIDTH - 5)
     for i, bucket in enumerate(summary.buckets):
@@ -69,12 +68,10 @@ class SlackDistribution(Widget):
         super().__init__(id=id)
         self.summary: SlackSummary | None = None
         """The unit's latest sample, summed up (None: no sample)."""
-        self.num_running: int | None = None
-        """The unit's running requests (the sample holds at most 64 of them)."""
 
-    def show(self, summary: SlackSummary | None, num_running: int | None) -> None:
-        self.summary, self.num_running = summary, num_running
+    def show(self, summary: SlackSummary | None) -> None:
+        self.summary = summary
         self.refresh()
 
     def render(self) -> Text:
-        return rows_text(self, distribution_rows(self.summary, self.num_running, self.size.width), "slack")
+        return rows_text(self, distribution_rows(self.summary, self.size.width), "slack")

@@ -1,16 +1,16 @@
-"""Screenshots of the console's seven screens for docs/console.md: SVGs in this folder.
+"""Screenshots of the console's seven screens for docs/console.md and the README: SVGs in this folder.
 
-    python docs/screenshots/make_screenshots.py [--size 160x48] [--seconds 100] [--out DIR] [--theme NAME]
+    python docs/screenshots/make_screenshots.py [--scenario showcase] [--size 160x48] [--seconds 90] [--out DIR]
+                                                [--theme NAME]
 
-Simulates three nodes for ``--seconds`` of node time (through the agent's hub, into a store in a temporary
-folder, as ``trackside record`` would have written it): ``node-a``, 4 units of vLLM's policy behind least-loaded
-dispatch on a bursty workload (40 requests/s), unit 1 swapped to Sarathi half-way and an SLO alert; ``node-b``, 2
-units of FairBatching with PAB behind PAB dispatch (20/s); ``node-c``, 4 units of FairBatching behind CascadeInfer
-(length stages, migrations; 35/s, short and long prompts) with slack samples every 250 ms and unit loads at most
-every 100 ms. About 140,000 events: fewer than a replay reads back at once (``console.history.MAX_REBUILD_EVENTS``),
-so every screen shows the whole run. Then replays the store into the console, headless at ``--size``, and writes
-each screen with ``App.export_screenshot(simplify=True)``. Node time 0 is a fixed instant and clock times are shown
-in UTC, so the same arguments give the same files (but for the time the SQL screen's query took).
+They show ``trackside demo``'s default scenario (:data:`console.scenarios.SHOWCASE`): its agents, with the same
+workloads, units, policies, parameters, SLOs and seed, are simulated for ``--seconds`` of node time through the
+agent's hub, headless and in virtual time, into a store in a temporary folder (as the demo's console would have
+recorded them), and the scenario's script is applied at its node times through the hub's control path with a
+token (the same requests, audited and alerted as the demo's). Then the store is replayed into the console, headless at
+``--size``, and each screen is written with ``App.export_screenshot(simplify=True)``. Node time 0 is a fixed
+instant and clock times are shown in UTC, so the same arguments give the same files (but for the time the SQL
+screen's query took).
 """
 
 from __future__ import annotations
@@ -21,21 +21,27 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Final
 
+import msgspec
 from textual.pilot import Pilot
 from textual.widgets import TextArea
 
 from agent.bench.runner import BenchConfig
 from agent.cli.serve import make_node
 from agent.service.hub import Hub
-from agent.telemetry import Alert, Event, OkReply, SetBatchPolicy
+from agent.telemetry import Event, OkReply
 from agent.workload.spec import parse_workload
+from agent.workload.traces import load_trace
 from console.app import MODE_TITLES, ConsoleApp
+from console.demo import AgentOptions
 from console.feeds import ReplayFeed
+from console.scenarios import DEFAULT_SCENARIO, SCENARIOS, Scenario, ScriptedChange
 from console.screens.sql import SqlScreen
 from console.sql import ReplayDatabase
+from policies.params import parse_assignments
 from store.writer import StoreWriter
 
 ORIGIN_NS: Final = 1_800_000_000_000_000_000
@@ -44,79 +50,37 @@ TOKEN: Final = "screenshots"
 HERE: Final = Path(__file__).resolve().parent
 
 
-def simulate(
-    node_id: str,
-    config: BenchConfig,
-    workload: str,
-    run_s: float,
-    *,
-    slack_sample_ms: float = 0.0,
-    unit_load_min_interval_ms: float = 0.0,
-    swap_unit_at_s: float | None = None,
-) -> list[Event]:
-    """One node's hello and event stream for ``run_s`` seconds of node time."""
-    node = make_node(config, parse_workload(workload, seed=1))
-    hub = Hub(
-        node,
-        node_id=node_id,
-        profile=config.profile,
-        token=TOKEN,
-        replay_capacity=1 << 24,
-        slack_sample_ms=slack_sample_ms,
-        unit_load_min_interval_ms=unit_load_min_interval_ms,
-        get_time_ns=lambda: ORIGIN_NS + round(node.now_s * 1e9),
+def simulate(options: AgentOptions, script: list[ScriptedChange], run_s: float) -> list[Event]:
+    """One agent's hello and event stream for ``run_s`` seconds of node time, the ``script``'s changes (its own)
+    applied at their times, as ``trackside agent`` with these options (seed 0) and the demo would have run it."""
+    slos = {"ttft_slo_ms": options.slo_ttft_ms, "tpot_slo_ms": options.slo_tpot_ms}
+    config = BenchConfig(
+        units=options.units,
+        batch_policy=options.batch_policy,
+        dispatch=options.dispatch,
+        params=parse_assignments(options.params),
+        **{name: value for name, value in slos.items() if value is not None},  # None: the agent's default
     )
+    requests = load_trace(options.trace) if options.trace else parse_workload(str(options.workload), seed=0)
+    node = make_node(config, requests)
+    hub = Hub(node, node_id=options.node_id, profile=config.profile, token=TOKEN, replay_capacity=1 << 24,
+              get_time_ns=lambda: ORIGIN_NS + round(node.now_s * 1e9))
     hub.attach()
     hello = hub.hello()
-    if swap_unit_at_s is not None:
-        hub.node.advance(swap_unit_at_s)
-        reply = hub.handle(SetBatchPolicy(policy="sarathi", unit_ids=(1,), token=TOKEN), who="operator")
+    for change in sorted(script, key=lambda c: c.at_s):
+        hub.node.advance(change.at_s)
+        request = msgspec.structs.replace(change.request, token=TOKEN, control_id=uuid.uuid4().hex)
+        reply = hub.handle(request, who="trackside demo")
         assert isinstance(reply, OkReply), reply
-        hub.node.advance(swap_unit_at_s + 5.0)
-        hub.publish(
-            Alert(
-                node_id=node_id,
-                time_ns=hub.origin.ns(hub.node.now_s),
-                code="slo_breach",
-                severity="warning",
-                unit_id=2,
-                message="unit 2 is missing its TPOT target",
-            )
-        )
     hub.node.advance(run_s)
     return [hello, *hub.replay.since(0).events]
 
 
-def build_store(path: Path, run_s: float) -> int:
-    """The three nodes' events in a new store at ``path``; how many. Requests keep arriving past the end (the
-    screenshots show the nodes busy, not draining)."""
+def build_store(path: Path, scenario: Scenario, run_s: float) -> int:
+    """The scenario's agents' events in a new store at ``path``; how many."""
     nodes = [
-        simulate(
-            "node-a",
-            BenchConfig(units=4, batch_policy="vllm", dispatch="least_loaded"),
-            f"bursty:n={round(40 * (run_s + 60))},rate=40",
-            run_s,
-            swap_unit_at_s=run_s / 2,
-        ),
-        simulate(
-            "node-b",
-            BenchConfig(units=2, batch_policy="fairbatching+pab", dispatch="pab"),
-            f"poisson:n={round(20 * (run_s + 60))},rate=20",
-            run_s,
-        ),
-        simulate(
-            "node-c",
-            BenchConfig(
-                units=4,
-                batch_policy="fairbatching",
-                dispatch="cascade",
-                params={"min_partition_samples": "8", "repartition_interval_s": "5"},
-            ),
-            f"poisson:n={round(35 * (run_s + 60))},rate=35,prompt=lognormal(mu=6,sigma=1.5)",
-            run_s,
-            slack_sample_ms=250.0,
-            unit_load_min_interval_ms=100.0,  # CascadeInfer reports loads at every dispatch: 10 a second is plenty
-        ),
+        simulate(options, [c for c in scenario.script if c.node_id == options.node_id], run_s)
+        for options in scenario.agents
     ]
     with StoreWriter(path) as writer:
         for events in nodes:
@@ -127,9 +91,9 @@ def build_store(path: Path, run_s: float) -> int:
 
 SCREENS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "overview": ("1", ("down", "down")),
-    "heatmap": ("2", ("b", "down", *["left"] * 20)),
-    "steps": ("3", (*["u"] * 7, *["left"] * 8)),
-    "slack": ("4", ("down",)),
+    "heatmap": ("2", ("k", "down", *["left"] * 20)),
+    "steps": ("3", ("left",) * 8),
+    "slack": ("4", ("u",) * 7),
     "stages": ("5", ()),
     "policies": ("6", ("down", "down")),
     "sql": ("7", ("ctrl+j",)),
@@ -182,7 +146,8 @@ async def shoot(store: Path, size: tuple[int, int], out: Path, theme: str | None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="160x48", help="columns x rows (160x48)")
-    parser.add_argument("--seconds", type=float, default=100.0, help="node time simulated (100 s)")
+    parser.add_argument("--scenario", default=DEFAULT_SCENARIO, choices=SCENARIOS, help="the demo's scenario")
+    parser.add_argument("--seconds", type=float, default=90.0, help="node time simulated (90 s)")
     parser.add_argument("--out", type=Path, default=HERE, help="where the SVGs go (this folder)")
     parser.add_argument("--theme", help="a theme's name (the console's default)")
     args = parser.parse_args(argv)
@@ -195,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         store = Path(folder) / "screenshots.duckdb"
         start = time.perf_counter()
-        num_events = build_store(store, args.seconds)
+        num_events = build_store(store, SCENARIOS[args.scenario], args.seconds)
         print(f"simulated {num_events:,} events in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         cwd = Path.cwd()
         os.chdir(folder)  # the header and the SQL screen name the store: a short relative name

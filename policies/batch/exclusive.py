@@ -36,7 +36,7 @@ from policies.batch.eb_costs import PhaseCostEstimator
 from policies.batch.eb_memory import kv_reserve_blocks, memory_safe_batch_size
 from policies.batch.eb_model import optimal_theta
 from policies.batch.eb_survival import LengthWindow, phase_end_iteration
-from policies.params import ParamSpec
+from policies.params import MAX_EVENTS, MAX_KV_BLOCKS, MAX_REQUESTS, MAX_STEP_TOKENS, ParamSpec
 from policies.types import ReasonValue, RequestView, ScheduledTokens, StepFeedback, StepMode, StepPlan, UnitView
 
 EB_PARAMS: tuple[ParamSpec, ...] = (
@@ -48,24 +48,26 @@ EB_PARAMS: tuple[ParamSpec, ...] = (
               min=0.01, max=1.0),
     ParamSpec("theta_min", "float", 0.05, "lower clip of theta*", min=0.01, max=1.0),
     ParamSpec("theta_max", "float", 0.95, "upper clip of theta*", min=0.01, max=1.0),
-    ParamSpec("max_batch", "int", 0, "slots N; 0 = the unit's max_num_seqs", unit="requests", min=0),
+    ParamSpec("max_batch", "int", 0, "slots N; 0 = the unit's max_num_seqs", unit="requests", min=0,
+              max=MAX_REQUESTS),
     ParamSpec("memory_safe", "bool", True, "cap N at the memory-safe batch size"),
     ParamSpec("delta", "float", 0.01, "allowed probability that a cycle's KV demand exceeds capacity",
               min=1e-4, max=0.5),
     ParamSpec("reserve_kappa", "float", 1.5, "KV reserve = kappa * expected decode-phase KV growth + base",
               min=0.0, max=100.0),
-    ParamSpec("reserve_base_blocks", "int", 1, "constant part of the KV reserve", unit="blocks", min=0),
+    ParamSpec("reserve_base_blocks", "int", 1, "constant part of the KV reserve", unit="blocks", min=0,
+              max=MAX_KV_BLOCKS),
     ParamSpec("window", "int", 2000, "finished requests in the length window", unit="requests", min=16,
-              live=False),
+              max=MAX_REQUESTS, live=False),
     ParamSpec("min_samples", "int", 64, "finished requests needed before theta* and N_safe adapt",
-              unit="requests", min=8),
+              unit="requests", min=8, max=MAX_REQUESTS),
     ParamSpec("memory_update_every", "int", 1000,
               "finished requests between two recomputations of N_safe (a Monte Carlo of tens of ms)",
-              unit="requests", min=1),
+              unit="requests", min=1, max=MAX_EVENTS),
     ParamSpec("update_every", "int", 200, "finished requests between two updates of theta* and the reserve",
-              unit="requests", min=1),
+              unit="requests", min=1, max=MAX_EVENTS),
     ParamSpec("token_budget", "int", 0, "tokens per prefill step; 0 = the unit's max_num_batched_tokens",
-              unit="tokens", min=0),
+              unit="tokens", min=0, max=MAX_STEP_TOKENS),
 )
 
 

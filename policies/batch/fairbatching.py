@@ -75,7 +75,7 @@ from typing import ClassVar
 from policies.base import BatchPolicy
 from policies.batch.common import mode_of
 from policies.cost.step_model import StepCoefficients
-from policies.params import ParamSpec
+from policies.params import MAX_REQUESTS, MAX_SLO_MS, MAX_STEP_TOKENS, ParamSpec
 from policies.types import ReasonValue, ScheduledTokens, StepFeedback, StepPlan, UnitView
 
 
@@ -87,17 +87,17 @@ class FairBatching(BatchPolicy):
     params_schema: ClassVar[tuple[ParamSpec, ...]] = (
         ParamSpec(
             "token_budget", "int", 0, "hard cap of tokens per step; 0 = the unit's max_num_batched_tokens",
-            unit="tokens", min=0,
+            unit="tokens", min=0, max=MAX_STEP_TOKENS,
         ),
         ParamSpec(
             "pab_ttft_ms", "float", 0.0,
             "TTFT target of the admission budget; 0 = the smallest TTFT SLO among active requests",
-            unit="ms", min=0.0,
+            unit="ms", min=0.0, max=MAX_SLO_MS,
         ),
         ParamSpec(
             "pab_tpot_ms", "float", 0.0,
             "TPOT target of the admission budget; 0 = the smallest TPOT SLO among active requests",
-            unit="ms", min=0.0,
+            unit="ms", min=0.0, max=MAX_SLO_MS,
         ),
         ParamSpec(
             "anchor", "str", "arrival",
@@ -107,7 +107,7 @@ class FairBatching(BatchPolicy):
         ),
         ParamSpec(
             "waiting_scan", "int", 512, "waiting requests considered per step, in queue order",
-            unit="requests", min=1,
+            unit="requests", min=1, max=MAX_REQUESTS,
         ),
         ParamSpec(
             "margin_quantile", "float", 0.99,

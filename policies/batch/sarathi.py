@@ -29,7 +29,7 @@ from typing import ClassVar
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, mode_of
 from policies.cost.step_model import StepCoefficients
-from policies.params import ParamSpec
+from policies.params import MAX_CONTEXT_TOKENS, MAX_STEP_TOKENS, ParamSpec
 from policies.types import RequestView, ScheduledTokens, StepPlan, UnitView
 
 
@@ -55,10 +55,11 @@ class Sarathi(BatchPolicy):
         ParamSpec(
             "reference_context_tokens", "int", 32_768,
             "context the running decodes are assumed to hold when deriving the budget", unit="tokens", min=0,
+            max=MAX_CONTEXT_TOKENS,
         ),
         ParamSpec(
             "token_budget", "int", 0, "fixed token budget per step; 0 = derive it from tbt_target_ms",
-            unit="tokens", min=0,
+            unit="tokens", min=0, max=MAX_STEP_TOKENS,
         ),
     )
 

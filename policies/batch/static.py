@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, step_mode
-from policies.params import ParamSpec
+from policies.params import MAX_REQUESTS, ParamSpec
 from policies.types import ScheduledTokens, StepPlan, UnitView
 
 
@@ -23,7 +23,7 @@ class StaticBatching(BatchPolicy):
     params_schema: ClassVar[tuple[ParamSpec, ...]] = (
         ParamSpec(
             "batch_size", "int", 0, "requests per batch; 0 = the unit's max_num_seqs",
-            unit="requests", min=0, live=True,
+            unit="requests", min=0, max=MAX_REQUESTS, live=True,
         ),
     )
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, mode_of
-from policies.params import ParamSpec
+from policies.params import MAX_STEP_TOKENS, ParamSpec
 from policies.types import ScheduledTokens, StepPlan, UnitView
 
 
@@ -27,10 +27,12 @@ class VllmDefault(BatchPolicy):
         ParamSpec(
             "max_num_batched_tokens", "int", 0,
             "token budget per step; 0 = the unit's max_num_batched_tokens", unit="tokens", min=0,
+            max=MAX_STEP_TOKENS,
         ),
         ParamSpec(
             "long_prefill_token_threshold", "int", 0,
             "cap on one request's prefill chunk per step; 0 = no cap", unit="tokens", min=0,
+            max=MAX_STEP_TOKENS,
         ),
     )
 

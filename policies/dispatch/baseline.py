@@ -61,7 +61,8 @@ class LeastLoaded(DispatchPolicy):
     name: ClassVar[str] = "least_loaded"
     summary: ClassVar[str] = "each request to the unit with the lowest 4*waiting + running (vLLM's DP LB score)"
     params_schema: ClassVar[tuple[ParamSpec, ...]] = (
-        ParamSpec("waiting_weight", "float", 4.0, "weight of a waiting request in the load score", min=0.0),
+        ParamSpec("waiting_weight", "float", 4.0, "weight of a waiting request in the load score", min=0.0,
+                  max=1000.0),
     )
 
     def configure(self) -> None:

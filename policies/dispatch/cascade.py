@@ -148,9 +148,11 @@ CASCADE_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "prefill_chunk_tokens", "int", 8192, "C in the default QoE coefficients", unit="tokens", min=1, max=1 << 20
     ),
-    ParamSpec("step_a_ms", "float", 9.11, "step model a (default: H100, Llama-3.1-8B)", unit="ms", min=0.0),
-    ParamSpec("step_b_us", "float", 24.0, "step model b per new token", unit="us", min=0.0),
-    ParamSpec("step_c_ns", "float", 43.9, "step model c per context token", unit="ns", min=0.0),
+    ParamSpec(
+        "step_a_ms", "float", 9.11, "step model a (default: H100, Llama-3.1-8B)", unit="ms", min=0.0, max=60_000.0
+    ),
+    ParamSpec("step_b_us", "float", 24.0, "step model b per new token", unit="us", min=0.0, max=1e6),
+    ParamSpec("step_c_ns", "float", 43.9, "step model c per context token", unit="ns", min=0.0, max=1e6),
     ParamSpec(
         "qoe_source",
         "str",

@@ -127,6 +127,7 @@ class PabBalancer(DispatchPolicy):
             "longest wait for a budget, as a fraction of the request's TTFT SLO; then the fallback places it"
             " (0 = never wait, inf = no bound)",
             min=0.0,
+            max=math.inf,
         ),
         ParamSpec(
             "fallback",

@@ -13,12 +13,17 @@ from textual.color import Color
 from textual.command import CommandPalette
 from textual.pilot import Pilot
 from textual.theme import ThemeProvider
+from textual.widgets import Input
 
+from agent.telemetry import NodeHello, ParamSchema, PolicySchema, UnitStatus
 from console.app import ConsoleApp
 from console.cli import build_parser, main
 from console.feeds import ReplayFeed
+from console.model.state import ConsoleState
+from console.screens.confirm import PromptScreen
 from console.screens.help import HelpScreen
 from console.screens.overview import OverviewScreen
+from console.screens.policy_edit import PolicyEditScreen
 from console.screens.slack import SlackScreen
 from console.screens.steps import StepsScreen
 from console.themes import THEMES, theme_names
@@ -108,6 +113,47 @@ def test_the_jumps_are_greyed_out_without_a_row() -> None:
             assert not [c for c in app.get_system_commands(screen) if c.title.startswith("Overview:")]
             await pilot.press("t", "s")
             assert app.current_mode == "overview"
+
+    run(go, timeout_s=30)
+
+
+# -- inputs never trap ------------------------------------------------------------------------------------------------
+def test_escape_closes_the_dialogs_from_their_inputs() -> None:
+    """The policy edit form's parameter inputs and the export prompt: keys type into the input (no screen key fires
+    under a modal), escape closes the dialog with nothing sent; the console's own escape is not offered there."""
+    state = ConsoleState()
+    sarathi = PolicySchema(name="sarathi", params=(ParamSchema(name="tbt_target_ms", type="float", default=50.0),))
+    units = (UnitStatus(unit_id=0, batch_policy="sarathi", batch_params={"tbt_target_ms": 50.0}),)
+    hello = NodeHello(
+        node_id="n", time_ns=1, boot_ns=1, profile="p", units=units, dispatch_policy="x", batch_policies=(sarathi,)
+    )
+    state.apply([hello])
+    node = state.nodes["n"]
+
+    async def go() -> None:
+        app = ConsoleApp([], clock=None)
+        answers: list[object] = []
+        async with app.run_test(size=(80, 24)) as pilot:
+            app.push_screen(PolicyEditScreen(node, 0), answers.append)
+            await until(pilot, lambda: isinstance(app.screen, PolicyEditScreen) and bool(app.screen.inputs), "form")
+            form = app.screen
+            assert isinstance(form, PolicyEditScreen)
+            for _ in range(4):  # from the policy chooser to the parameter's input, as an operator would
+                if isinstance(app.focused, Input):
+                    break
+                await pilot.press("tab")
+            field = form.inputs["tbt_target_ms"]
+            assert app.focused is field
+            await pilot.press("end", "2", "q")
+            assert field.value == "50.02q" and app.current_mode == "overview" and app.screen is form
+            assert "console.leave_input" not in {a.binding.id for a in form.active_bindings.values()}
+            await pilot.press("escape")
+            assert answers == [None] and app.screen is not form
+            app.push_screen(PromptScreen("Export to", value="out.csv"), answers.append)
+            await pilot.pause()
+            assert isinstance(app.screen, PromptScreen) and isinstance(app.focused, Input)
+            await pilot.press("1", "escape")
+            assert answers == [None, None] and isinstance(app.screen, OverviewScreen)
 
     run(go, timeout_s=30)
 

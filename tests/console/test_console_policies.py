@@ -114,7 +114,7 @@ def test_a_policy_swap_is_dry_run_confirmed_applied_and_audited() -> None:
             async with app.run_test(size=(80, 24)) as pilot:
                 screen = await policies_screen(pilot, "unit:test-node:1")
                 assert "control on" in text_of(screen.query_one("#policies-control", Static))
-                assert "long_prefill_token_threshold = 0  [int 0..inf tokens]" in text_of(
+                assert "long_prefill_token_threshold = 0  [int 0..1048576 tokens]" in text_of(
                     screen.query_one("#policies-params", Static)
                 ), "the running policy's parameters with their ranges"
                 await edit(pilot, "sarathi", tbt_target_ms="40")
@@ -195,7 +195,8 @@ def test_a_change_rejected_at_apply_shows_the_agents_error() -> None:
                 confirm = await confirm_screen(pilot)
                 assert confirm.lines == ("u0: max_num_batched_tokens 0 -> 4096",)
                 # someone else swaps the unit meanwhile: the confirmed change no longer fits its policy
-                hub.handle(SetBatchPolicy(policy="sarathi", unit_ids=(0,), token=TOKEN), who="someone")
+                swap = SetBatchPolicy(policy="sarathi", unit_ids=(0,), token=TOKEN, control_id="other")
+                hub.handle(swap, who="someone")
                 await pilot.press("y")
                 await until(pilot, lambda: "rejected" in reply_text(screen), "the rejection")
                 assert "rejected: bad_param: sarathi has no parameter max_num_batched_tokens" in reply_text(screen)

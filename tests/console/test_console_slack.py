@@ -9,9 +9,20 @@ import pytest
 from console_fixtures import build_staged_store
 from serve_harness import run
 from test_console_app import replay_app, replayed, text_of
+from test_console_state import step
 
 from agent.telemetry import RequestArrived, RequestFinished, SlackPoint, SlackSample
-from console.model.slack import Envelope, SlackBook, envelope, envelope_columns, slack_distribution, slack_summary
+from console.app import ConsoleApp
+from console.model.metrics import HeatMetric
+from console.model.slack import (
+    SAMPLE_MAX_REQUESTS,
+    Envelope,
+    SlackBook,
+    envelope,
+    envelope_columns,
+    slack_distribution,
+    slack_summary,
+)
 from console.model.state import ConsoleState
 from console.screens.slack import SlackScreen
 from console.widgets.envelope_chart import EnvelopeChart, envelope_heading, envelope_rows
@@ -142,11 +153,49 @@ def test_summary_counts_urgent_late_and_progress_in_tokens() -> None:
     assert (summary.num_ahead, summary.num_behind) == (3, 1)
     assert summary.tokens_ahead == pytest.approx(0.5 + 1.5 + 10.0) and summary.tokens_behind == pytest.approx(-2.0)
     assert [b.count for b in summary.buckets] == [1, 1, 1, 0, 0, 1, 0, 0]
-    lines = [row_text(r) for r in distribution_rows(summary, 7, 40)]
-    assert lines[0] == "4 of 7 running · TPOT 50 ms"
+    lines = [row_text(r) for r in distribution_rows(summary, 40)]
+    assert lines[0] == "4 running · TPOT 50 ms"
     assert lines[1] == "late <0        1 " + "█" * 23, "the longest bar fills the width"
     assert lines[-2:] == ["urgent 2 · late 1 · policy 4", "ahead 3 +12 tok · behind 1 -2 tok"]
-    assert row_text(distribution_rows(None, None, 40)[0]) == "no slack sample from this unit"
+    assert row_text(distribution_rows(None, 40)[0]) == "no slack sample from this unit"
+
+
+def test_the_running_count_is_the_samples_own() -> None:
+    """The header read "23 of 21 running": a sample of 23 requests against the batch size of a step at another
+    instant. Below the cap a sample lists every running request; only at the cap does a larger batch size say more."""
+    t = T0 + 10 * S
+
+    def heading(num_sampled: int, batch_size: float | None) -> str:
+        points = [(f"r{i}", t + i * MS, 1) for i in range(num_sampled)]
+        summary = slack_summary(sample(t, points), 50.0, batch_size=batch_size)
+        assert summary.num_running >= len(summary.rows)
+        return row_text(distribution_rows(summary, 40)[0]).split(" · ")[0]
+
+    assert [heading(23, 21), heading(23, 30), heading(23, None), heading(0, 3)] == [
+        "23 running",
+        "23 running",
+        "23 running",
+        "0 running",
+    ]
+    assert [heading(SAMPLE_MAX_REQUESTS, 62), heading(SAMPLE_MAX_REQUESTS, None)] == ["64 of 64+ running"] * 2
+    assert heading(SAMPLE_MAX_REQUESTS, 80) == "64 of 80 running"
+
+
+def test_the_screen_counts_from_the_sample_not_an_older_step() -> None:
+    state = ConsoleState()
+    t = T0 + 10 * S
+    state.apply([step(t - 100 * MS, running=21), sample(t, [(f"r{i}", t + i * MS, 1) for i in range(23)])])
+    assert state.nodes["n1"].units[0].latest[HeatMetric.BATCH] == 21
+
+    async def go() -> None:
+        app = ConsoleApp([], clock=None, state=state)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("4")
+            screen = app.screen
+            assert isinstance(screen, SlackScreen) and screen.summary is not None
+            assert str(screen.query_one(SlackDistribution).render()).startswith("23 running · TPOT 50 ms")
+
+    run(go, timeout_s=30)
 
 
 def test_nearest_list_scrolls_to_the_selected_request() -> None:
@@ -209,7 +258,7 @@ class TestSlackScreen:
                 assert chart.envelope.first_deadline_ns == trace.arrival_ns + 500 * MS, "arrival + TTFT target"
                 assert text_of(screen.query_one("#slack-envelope-title")).startswith(f"{nearest} u0 · ")
                 widget = screen.query_one(SlackDistribution)
-                assert widget.summary is summary and widget.num_running is not None
+                assert widget.summary is summary and summary.num_running >= len(summary.rows)
 
         run(go, timeout_s=60)
 

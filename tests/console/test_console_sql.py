@@ -18,6 +18,7 @@ from console.app import ConsoleApp
 from console.cli import main
 from console.feeds import ReplayFeed
 from console.screens.confirm import PromptScreen
+from console.screens.help import HelpScreen
 from console.screens.sql import SqlScreen
 from console.sql import ReplayDatabase, SqlHistory, cell_text, export_query, run_query
 from store.queries import StoreQueryError
@@ -156,6 +157,63 @@ def test_history_walks_back_and_forth(store: Path) -> None:
             await pilot.press("ctrl+down", "ctrl+down")
             assert editor.text == "SELECT 3 -- draft", "past the newest: the draft back"
         database.close()
+
+    run(go, timeout_s=60)
+
+
+def footer_keys(app: ConsoleApp) -> list[str]:
+    """What the footer offers, ``key description`` per binding (a group by its description; the snapshot tests check
+    that the footer shows them)."""
+    shown = [active.binding for active in app.screen.active_bindings.values() if active.binding.show]
+    return [b.group.description if b.group else f"{app.get_key_display(b)} {b.description}" for b in shown]
+
+
+def test_escape_leaves_the_editor_and_the_footer_says_so() -> None:
+    async def go() -> None:
+        app = ConsoleApp([], clock=None)
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await sql_screen(pilot)
+            editor = screen.query_one(TextArea)
+            assert app.focused is editor, "the editor has the focus on arrival"
+            await until(pilot, lambda: "esc Leave editor" in footer_keys(app), "the footer's way out")
+            assert "q Quit" not in footer_keys(app), "the editor takes q: not offered"
+            await pilot.press("1")  # typed: the editor keeps its keys while it has the focus
+            assert app.current_mode == "sql" and editor.text.startswith("1SELECT")
+            await pilot.press("escape")
+            assert app.focused is screen.query_one("#sql-results", DataTable) and editor.text.startswith("1SELECT")
+            await until(pilot, lambda: "q Quit" in footer_keys(app), "the single keys back in the footer")
+            assert "esc Leave editor" not in footer_keys(app) and "screens" in footer_keys(app)
+            await pilot.press("escape")  # nothing left to leave: nothing happens
+            assert app.current_mode == "sql"
+            await pilot.press("2")
+            assert app.current_mode == "heatmap", "a screen key works once the editor is left"
+            await pilot.press("7", "1")
+            assert app.current_mode == "overview", "back on SQL the focus is still out of the editor"
+            await pilot.press("7", "tab")
+            assert app.focused is editor, "tab goes back in"
+
+    run(go, timeout_s=60)
+
+
+def test_the_way_out_is_in_the_help_and_remappable() -> None:
+    async def go() -> None:
+        app = ConsoleApp([], clock=None, keymap={"console.leave_input": "ctrl+g"})
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await sql_screen(pilot)
+            editor = screen.query_one(TextArea)
+            await pilot.press("f1")  # ? types into the editor; f1 opens the help
+            assert isinstance(app.screen, HelpScreen)
+            keys = {k.binding_id: k for k in app.screen.keys}
+            assert keys["console.leave_input"].key == "^g" and keys["console.leave_input"].tooltip
+            await pilot.press("escape")
+            assert app.screen is screen and app.focused is editor
+            await pilot.press("escape")
+            assert app.focused is editor, "remapped away"
+            await pilot.press("ctrl+g")
+            assert app.focused is not editor
+            await pilot.press("f1")
+            assert isinstance(app.screen, HelpScreen)
+            assert "console.leave_input" not in {k.binding_id for k in app.screen.keys}, "only while in an editor"
 
     run(go, timeout_s=60)
 

@@ -57,7 +57,8 @@ def test_what_a_vllm_agent_needs(tmp_path: Path, capsys: pytest.CaptureFixture[s
         ("--fake-executor", "--serve-openai", ":0", "--lockstep"): "--lockstep applies to simulated units",
         ("--fake-executor", "--serve-openai", ":0", "--units", "2", "--gpu-memory-utilization", "1.5"):
             "--gpu-memory-utilization is each unit's share",
-        ("--fake-executor", "--serve-openai", "localhost"): "--serve-openai takes HOST:PORT, not 'localhost'",
+        ("--fake-executor", "--serve-openai", "localhost"): (
+            "--serve-openai takes HOST:PORT (port 0-65535; IPv6 in brackets: [::1]:7700), not 'localhost'"),
         ("--fake-executor", "--serve-openai", ":0", "--max-num-seqs", "0"): "--max-num-seqs must be >= 1",
         ("--fake-executor", "--serve-openai", ":0", "--batch-policy", "nosuch"): "unknown batch policy 'nosuch'",
     }

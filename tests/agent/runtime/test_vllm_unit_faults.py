@@ -69,7 +69,8 @@ def test_fail_unit_moves_its_requests_keeps_its_engine_and_recover_unit_reopens_
             await wait_until(lambda: sum(len(s.output_token_ids) for s in on_0) >= 2 * len(on_0), 60)
             assert not any(s.done for s in on_0)
 
-            reply = await hub.handle_async(FailUnit(unit_id=0, reason="maintenance", token=TOKEN), who="op")
+            reply = await hub.handle_async(FailUnit(unit_id=0, reason="maintenance", token=TOKEN, control_id="a"),
+                                         who="op")
             assert isinstance(reply, OkReply) and isinstance(reply.payload, ControlAudit)
             assert [(s.unit_id, s.mode) for s in reply.payload.new] == [(0, "failed")]
             assert node.unit_modes == ["failed", "active"] and cluster.failed[0] == "failed by op: maintenance"
@@ -82,12 +83,12 @@ def test_fail_unit_moves_its_requests_keeps_its_engine_and_recover_unit_reopens_
             assert 0 in cluster.failed and cluster.num_restarts == 0
             assert units[0].engine_pid == pid and _alive(pid) and not units[0].failed
 
-            again = await hub.handle_async(FailUnit(unit_id=0, token=TOKEN), who="op")
+            again = await hub.handle_async(FailUnit(unit_id=0, token=TOKEN, control_id="b"), who="op")
             assert isinstance(again, ErrorReply) and "unit 0 has failed already" in again.message
-            active = await hub.handle_async(RecoverUnit(unit_id=1, token=TOKEN), who="op")
+            active = await hub.handle_async(RecoverUnit(unit_id=1, token=TOKEN, control_id="c"), who="op")
             assert isinstance(active, ErrorReply) and "unit 1 has not failed" in active.message
 
-            back = await hub.handle_async(RecoverUnit(unit_id=0, token=TOKEN), who="op")
+            back = await hub.handle_async(RecoverUnit(unit_id=0, token=TOKEN, control_id="d"), who="op")
             assert isinstance(back, OkReply) and isinstance(back.payload, ControlAudit)
             assert [(s.unit_id, s.mode) for s in back.payload.new] == [(0, "active")]
             assert node.unit_modes == ["active", "active"] and not cluster.failed
@@ -120,7 +121,8 @@ def test_a_unit_failed_on_request_whose_engine_dies_is_restarted_only_by_recover
             await asyncio.sleep(0.5)
             assert cluster.failed[0] == "drill" and cluster.num_restarts == 0  # ...and nothing restarted it
 
-            back = await hub.handle_async(RecoverUnit(unit_id=0, token=TOKEN), who="op")  # waits for the restart
+            # waits for the restart
+            back = await hub.handle_async(RecoverUnit(unit_id=0, token=TOKEN, control_id="e"), who="op")
             assert isinstance(back, OkReply), back
             assert node.unit_modes == ["active", "active"] and cluster.num_restarts == 1
             assert units[0].engine_pid not in (None, old_pid) and not units[0].failed

@@ -8,6 +8,7 @@ from agent.telemetry import (
     Alert,
     ControlAudit,
     ErrorReply,
+    Event,
     FailUnit,
     OkReply,
     PauseUnit,
@@ -20,6 +21,16 @@ from agent.telemetry import (
     Subscribe,
     Subscribed,
 )
+from agent.telemetry.stream import Subscription
+
+
+def drain(sub: Subscription | None) -> list[Event]:
+    """Everything a subscription has for its sender now (a resume's replay included)."""
+    assert sub is not None
+    out = []
+    while (event := sub.pop()) is not None:
+        out.append(event)
+    return out
 
 
 def test_a_resume_longer_than_the_live_queue_drops_nothing() -> None:
@@ -27,10 +38,12 @@ def test_a_resume_longer_than_the_live_queue_drops_nothing() -> None:
     hub.attach()
     hub.node.advance(3.0)
     assert hub.sequencer.last_seq > 500
-    sub, reply, backlog = hub.subscribe(Subscribe(resume_after_seq=0), lambda: None)
-    assert sub is not None and isinstance(reply, OkReply) and len(sub) == 0
-    assert [e.seq for e in backlog] == list(range(1, hub.sequencer.last_seq + 1))
-    hub.node.advance(6.0)  # live events beyond the bound are dropped, and announced
+    sub, reply, position = hub.subscribe(Subscribe(resume_after_seq=0), lambda: None)
+    assert sub is not None and isinstance(reply, OkReply) and position == 0 and sub.replaying
+    hub.node.advance(5.0)  # while it replays, live events wait in the replay buffer, not in its queue
+    backlog = drain(sub)
+    assert [e.seq for e in backlog] == list(range(1, hub.sequencer.last_seq + 1)) and sub.num_dropped == 0
+    hub.node.advance(6.0)  # caught up: live events beyond the bound are dropped, and announced
     assert len(sub) == 16 + 1 and sub.num_dropped > 0
     first = sub.pop()
     assert isinstance(first, Alert) and first.code == "flow_control" and first.first_seq == backlog[-1].seq + 1
@@ -40,7 +53,8 @@ def test_a_resume_past_the_buffer_starts_with_a_gap_alert() -> None:
     hub = make_hub(replay_capacity=100)
     hub.attach()
     hub.node.advance(3.0)
-    _, _, backlog = hub.subscribe(Subscribe(resume_after_seq=10, kinds=("step",)), lambda: None)
+    sub, _, _ = hub.subscribe(Subscribe(resume_after_seq=10, kinds=("step",)), lambda: None)
+    backlog = drain(sub)
     gap = backlog[0]
     oldest = hub.replay.oldest_seq
     assert isinstance(gap, Alert) and (gap.code, gap.first_seq, gap.last_seq, gap.seq) == ("gap", 11, oldest - 1, 0)
@@ -53,21 +67,23 @@ def test_a_resume_position_of_an_earlier_run_restarts_from_this_runs_first_event
     hub.node.advance(0.5)
     assert 20 < hub.sequencer.last_seq < 1000, "seq 1 still buffered"
     earlier_run = hub.boot_ns - 10**9
-    _, reply, backlog = hub.subscribe(Subscribe(resume_after_seq=10, resume_boot_ns=earlier_run), lambda: None)
+    sub, reply, _ = hub.subscribe(Subscribe(resume_after_seq=10, resume_boot_ns=earlier_run), lambda: None)
     assert isinstance(reply, OkReply) and isinstance(reply.payload, Subscribed)
     assert reply.payload.resumed_after_seq == 0 and reply.payload.num_replayed == hub.sequencer.last_seq
+    backlog = drain(sub)
     assert [e.seq for e in backlog] == list(range(1, hub.sequencer.last_seq + 1)), "nothing at or below 10 skipped"
     # its own run: as before; a position ahead of an earlier run's stream is no error either
-    _, reply, backlog = hub.subscribe(Subscribe(resume_after_seq=10, resume_boot_ns=hub.boot_ns), lambda: None)
+    sub, reply, _ = hub.subscribe(Subscribe(resume_after_seq=10, resume_boot_ns=hub.boot_ns), lambda: None)
     assert isinstance(reply, OkReply) and isinstance(reply.payload, Subscribed)
-    assert reply.payload.resumed_after_seq == 10 and backlog[0].seq == 11
+    assert reply.payload.resumed_after_seq == 10 and drain(sub)[0].seq == 11
     _, reply, _ = hub.subscribe(Subscribe(resume_after_seq=10**6, resume_boot_ns=earlier_run), lambda: None)
     assert isinstance(reply, OkReply)
     _, reply, _ = hub.subscribe(Subscribe(resume_after_seq=10**6, resume_boot_ns=hub.boot_ns), lambda: None)
     assert isinstance(reply, ErrorReply) and reply.code == "bad_resume_seq"
     # once seq 1 is gone, the restart begins with a gap alert
     hub.node.advance(3.0)
-    _, _, backlog = hub.subscribe(Subscribe(resume_after_seq=10, resume_boot_ns=earlier_run), lambda: None)
+    sub, _, _ = hub.subscribe(Subscribe(resume_after_seq=10, resume_boot_ns=earlier_run), lambda: None)
+    backlog = drain(sub)
     gap = backlog[0]
     assert isinstance(gap, Alert) and (gap.code, gap.first_seq, gap.last_seq) == ("gap", 1, hub.replay.oldest_seq - 1)
     assert backlog[1].seq == hub.replay.oldest_seq
@@ -90,11 +106,11 @@ def test_control_replies_and_audit_events() -> None:
 
     bad = hub.handle(SetParams(target="dispatch", params={"nope": 1}, token=TOKEN, control_id="b"), who="test")
     assert isinstance(bad, ErrorReply) and bad.code == "bad_param" and bad.control_id == "b"
-    mode = hub.handle(PauseUnit(unit_id=0, token=TOKEN), who="test")
+    mode = hub.handle(PauseUnit(unit_id=0, token=TOKEN, control_id="c"), who="test")
     assert isinstance(mode, OkReply) and isinstance(mode.payload, ControlAudit)
     assert [(s.unit_id, s.mode) for s in mode.payload.old] == [(0, "active")]
     assert [(s.unit_id, s.mode) for s in mode.payload.new] == [(0, "paused")]
-    disp = hub.handle(SetDispatchPolicy(policy="round_robin", token=TOKEN), who="test")
+    disp = hub.handle(SetDispatchPolicy(policy="round_robin", token=TOKEN, control_id="d"), who="test")
     assert isinstance(disp, OkReply) and isinstance(disp.payload, ControlAudit)
     assert disp.payload.old[0].policy == "least_loaded" and disp.payload.new[0].unit_id is None
 
@@ -134,16 +150,16 @@ def test_fail_and_recover_a_unit_through_the_control_plane() -> None:
     assert node.unit_modes == ["failed", "active"]
     assert all(node.states[r].unit_id == 1 for r in on_0 if node.states[r].outcome is None)
 
-    again = hub.handle(FailUnit(unit_id=0, token=TOKEN), who="test")
+    again = hub.handle(FailUnit(unit_id=0, token=TOKEN, control_id="g"), who="test")
     assert isinstance(again, ErrorReply) and again.code == "bad_request" and "has failed already" in again.message
-    not_failed = hub.handle(RecoverUnit(unit_id=1, token=TOKEN), who="test")
+    not_failed = hub.handle(RecoverUnit(unit_id=1, token=TOKEN, control_id="h"), who="test")
     assert isinstance(not_failed, ErrorReply) and "has not failed" in not_failed.message
-    unknown = hub.handle(FailUnit(unit_id=9, token=TOKEN), who="test")
+    unknown = hub.handle(FailUnit(unit_id=9, token=TOKEN, control_id="i"), who="test")
     assert isinstance(unknown, ErrorReply) and unknown.code == "unknown_unit"
-    denied = hub.handle(RecoverUnit(unit_id=0, token="wrong"), who="test")
+    denied = hub.handle(RecoverUnit(unit_id=0, token="wrong", control_id="j"), who="test")
     assert isinstance(denied, ErrorReply) and denied.code == "unauthorized" and node.unit_modes[0] == "failed"
 
-    back = hub.handle(RecoverUnit(unit_id=0, token=TOKEN), who="test")
+    back = hub.handle(RecoverUnit(unit_id=0, token=TOKEN, control_id="k"), who="test")
     assert isinstance(back, OkReply) and isinstance(back.payload, ControlAudit)
     assert [(s.unit_id, s.mode) for s in back.payload.old] == [(0, "failed")]
     assert [(s.unit_id, s.mode) for s in back.payload.new] == [(0, "active")]
@@ -157,6 +173,6 @@ def test_fail_and_recover_a_unit_through_the_control_plane() -> None:
     fault = next(f for f in frames if isinstance(f, Alert))
     assert fault.message.startswith("unit 0 failed: failed by test: maintenance (")
     assert [f.result for f in frames if isinstance(f, ControlAudit)] == ["applied", "rejected", "rejected",
-                                                                            "rejected", "applied"]
+                                                                            "rejected", "rejected", "applied"]
     node.run()
     assert node.num_finished + node.num_rejected == len(node.arrivals) and not node.unfinished()

@@ -159,10 +159,10 @@ BAD_FRAMES: list[tuple[str | bytes, str]] = [
     ('{"kind": "set_batch_policy", "policy": "sarathi"}', "unauthorized"),
     ('{"kind": "set_batch_policy", "policy": "sarathi", "token": "wrong"}', "unauthorized"),
     (BIG, "frame_too_large"),
-    (json.dumps({"kind": "set_batch_policy", "policy": "nosuch", "token": TOKEN}), "unknown_policy"),
-    (json.dumps({"kind": "set_params", "target": "batch", "params": {"max_num_batched_tokens": -1}, "token": TOKEN}),
-     "bad_param"),
-    (json.dumps({"kind": "pause_unit", "unit_id": 99, "token": TOKEN}), "unknown_unit"),
+    (json.dumps({"kind": "set_batch_policy", "policy": "nosuch", "token": TOKEN, "control_id": "p"}), "unknown_policy"),
+    (json.dumps({"kind": "set_params", "target": "batch", "params": {"max_num_batched_tokens": -1}, "token": TOKEN,
+                 "control_id": "q"}), "bad_param"),
+    (json.dumps({"kind": "pause_unit", "unit_id": 99, "token": TOKEN, "control_id": "r"}), "unknown_unit"),
     ('{"kind": "subscribe", "kinds": ["nope"]}', "unknown_event_kind"),
 ]
 
