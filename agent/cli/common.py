@@ -1,10 +1,12 @@
 """What the ``trackside agent``/``ctl``/``record`` commands share: the error they exit 2 with, ``HOST:PORT`` parsing,
-the agent's tokens."""
+the agent's tokens, the policy plugins."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from agent.plugins import PluginReport, load_plugins
 from agent.telemetry.client import read_token
 
 
@@ -37,3 +39,9 @@ def agent_tokens(args: argparse.Namespace) -> tuple[str, str]:
     if read and read == token:
         raise ServeError("--read-token-file holds the control token: give read-only clients a token of their own")
     return token, read
+
+
+def load_policy_plugins() -> PluginReport:
+    """The installed policy plugins registered (:func:`agent.plugins.load_plugins`, once per process): each one skipped
+    is a warning line on stderr the first time."""
+    return load_plugins(warn=lambda line: print(f"trackside: warning: {line}", file=sys.stderr, flush=True))

@@ -2,7 +2,9 @@
 
 Subcommands: ``bench`` (replay a workload through simulated units), ``policies`` (every policy and its
 parameters), ``profiles`` (calibration profiles and their fit error). Errors in what the user typed or
-gave us (a bad trace line, an unknown policy, a parameter out of range) print one line and exit 2.
+gave us (a bad trace line, an unknown policy, a parameter out of range) print one line and exit 2. The commands
+that take policy names register the installed policy plugins first (``agent.plugins``; a broken one is one warning
+line on stderr, and skipped).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from agent.bench.knee import KneeResult, KneeSearch, knee_sweep
 from agent.bench.report import offered_rps
 from agent.bench.runner import TOPOLOGIES, BenchConfig, Fault, RunResult, run_once, scale_arrivals
 from agent.cli.calibrate import CALIBRATE_COMMANDS, add_calibrate_command
+from agent.cli.common import load_policy_plugins
 from agent.cli.node_config import NodeConfigError
 from agent.cli.render import (
     policies_json,
@@ -378,16 +381,17 @@ def _config_json(result: RunResult, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_policies(args: argparse.Namespace, console: Console) -> int:
+    plugins = load_policy_plugins()
     if args.json:
         payload = {
-            "batch": policies_json(BATCH_POLICIES.values()),
-            "dispatch": policies_json(DISPATCH_POLICIES.values()),
+            "batch": policies_json(BATCH_POLICIES.values(), plugins),
+            "dispatch": policies_json(DISPATCH_POLICIES.values(), plugins),
         }
         print(json.dumps(payload, indent=2))
         return 0
-    print(policies_text("Batch policies (per step, per unit)", BATCH_POLICIES.values()))
+    print(policies_text("Batch policies (per step, per unit)", BATCH_POLICIES.values(), plugins))
     print()
-    print(policies_text("Dispatch policies (across DP units)", DISPATCH_POLICIES.values()))
+    print(policies_text("Dispatch policies (across DP units)", DISPATCH_POLICIES.values(), plugins))
     return 0
 
 
@@ -404,6 +408,8 @@ COMMANDS = {
     "bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles, **SERVE_COMMANDS, **STORE_COMMANDS,
     **CALIBRATE_COMMANDS,
 }
+PLUGIN_COMMANDS = ("bench", "policies", "agent")
+"""Commands that resolve policy names: they register the installed policy plugins first (``agent.plugins``)."""
 USER_ERRORS: tuple[type[Exception], ...] = (
     CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError, *HANDLED_ERRORS,
 )
@@ -420,6 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trackside agent: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     args = parser.parse_args(args_list)
+    if args.command in PLUGIN_COMMANDS:
+        load_policy_plugins()
     console = Console()
     try:
         return COMMANDS[args.command](args, console)

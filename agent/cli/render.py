@@ -12,6 +12,7 @@ from rich.table import Table
 from agent.bench.knee import KneeResult
 from agent.bench.report import slo_capacity
 from agent.bench.runner import RunResult
+from agent.plugins import PluginReport
 from policies.base import BatchPolicy, DispatchPolicy
 
 _COMPACT: dict[str, Any] = {"box": box.SIMPLE_HEAD, "padding": (0, 1), "pad_edge": False, "collapse_padding": True}
@@ -224,11 +225,17 @@ def render_knee(console: Console, found: KneeResult) -> None:
     console.print(table)
 
 
-def policies_text(title: str, classes: Iterable[type[BatchPolicy] | type[DispatchPolicy]]) -> str:
-    """A plain listing (it wraps well on narrow terminals, unlike a wide table)."""
+def policies_text(
+    title: str, classes: Iterable[type[BatchPolicy] | type[DispatchPolicy]], plugins: PluginReport | None = None
+) -> str:
+    """A plain listing (it wraps well on narrow terminals, unlike a wide table); a plugin's policy says where it comes
+    from on the line under its name."""
     lines = [title]
     for cls in classes:
         lines.append(f"  {cls.name}: {cls.summary}")
+        origin = plugins.origin(cls.name) if plugins is not None else None
+        if origin is not None:
+            lines.append(f"      [plugin] {origin.value} from {origin.distribution}")
         if not cls.params_schema:
             lines.append("      (no parameters)")
         for spec in cls.params_schema:
@@ -241,11 +248,19 @@ def policies_text(title: str, classes: Iterable[type[BatchPolicy] | type[Dispatc
     return "\n".join(lines)
 
 
-def policies_json(classes: Iterable[type[BatchPolicy] | type[DispatchPolicy]]) -> list[dict[str, Any]]:
-    return [
-        {
+def policies_json(
+    classes: Iterable[type[BatchPolicy] | type[DispatchPolicy]], plugins: PluginReport | None = None
+) -> list[dict[str, Any]]:
+    """Each policy's name, summary, origin (``module``: where its class is defined; ``plugin``: the distribution
+    that declares it, null for a built-in) and parameter schema."""
+    out = []
+    for cls in classes:
+        origin = plugins.origin(cls.name) if plugins is not None else None
+        out.append({
             "name": cls.name,
             "summary": cls.summary,
+            "module": cls.__module__,
+            "plugin": None if origin is None else origin.distribution,
             "params": [
                 {
                     "name": p.name, "type": p.type, "default": p.default, "min": p.bounds[0], "max": p.bounds[1],
@@ -253,9 +268,8 @@ def policies_json(classes: Iterable[type[BatchPolicy] | type[DispatchPolicy]]) -
                 }
                 for p in cls.params_schema
             ],
-        }
-        for cls in classes
-    ]
+        })
+    return out
 
 
 def _fit_cell(stats: Mapping[str, Any] | None) -> str:

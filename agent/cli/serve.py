@@ -25,7 +25,7 @@ from websockets.exceptions import InvalidURI, WebSocketException
 
 from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
 from agent.cli.agent_vllm import VLLM_ONLY, add_vllm_options, cmd_agent_vllm
-from agent.cli.common import ServeError, agent_tokens, parse_listen
+from agent.cli.common import ServeError, agent_tokens, load_policy_plugins, parse_listen
 from agent.cli.connections import add_connection_options, connection_limits
 from agent.cli.node_config import NodeConfigError, expand_node_config
 from agent.engine.profiles import load_profile
@@ -464,6 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "agent":
+        load_policy_plugins()
     try:
         return SERVE_COMMANDS[args.command](args, None)
     except errors as exc:

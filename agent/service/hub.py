@@ -267,8 +267,10 @@ class Hub:
                                    policy=policy, reason=reason)
         else:
             assert state.unit_id is not None
+            ttft_s = self.node.now_s - spec.arrival_s
+            self.metrics.observe_first_token(state.unit_id, ttft_s)
             event = RequestFirstToken(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.unit_id,
-                                      ttft_ms=(self.node.now_s - spec.arrival_s) * 1e3)
+                                      ttft_ms=ttft_s * 1e3)
         self.publish(event)
 
     # -- the stream -----------------------------------------------------------------------------------------
@@ -461,6 +463,7 @@ class Hub:
         """Publish ``record``'s audit event and answer with it (an error reply when it was rejected)."""
         audit = audit_event(record, self.node_id, cid)
         self.publish(audit)
+        self.metrics.observe_control(record)
         self.control_ids.settle(cid, record.result, audit.seq)
         if record.result == "rejected":
             return ErrorReply(control_id=cid, code=record.error_code or ErrorCode.INTERNAL,

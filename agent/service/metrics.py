@@ -5,8 +5,21 @@ name and labels are used (``vllm:num_requests_running{model_name=...,engine="0"}
 per-engine metric with ``model_name`` and ``engine``), so dashboards built for vLLM work on an agent. Ours
 are prefixed ``trackside_``.
 
-:class:`NodeMetrics` accumulates what is only seen as a stream (step durations, SLO outcomes);
-:func:`render` reads the rest from the node at scrape time. Nothing here does I/O.
+:class:`NodeMetrics` accumulates what is only seen as a stream (step durations, tokens, first tokens, SLO outcomes,
+control changes); :func:`render` reads the rest from the node at scrape time. Nothing here does I/O.
+``examples/grafana/`` holds a dashboard over these (a test checks that every name it queries is served).
+
+Where ours differ from vLLM's, in what is counted or when:
+
+* ``vllm:prompt_tokens_total``: the prefill tokens of each step (a preempted request's recompute counts again).
+  ``vllm:generation_tokens_total``: the decode tokens of each step plus one per first token.
+* ``vllm:time_to_first_token_seconds``: observed at the first token, from the request's arrival at the node
+  (the dispatcher's wait included). ``vllm:request_time_per_output_token_seconds``: the mean TPOT of a request,
+  observed when it finishes (none for a single output token); ``trackside_request_max_tpot_seconds``: its worst
+  per-token TPOT, the one ``trackside_slo_attained_total`` judges by default (finer buckets around usual SLOs).
+* ``trackside_control_changes_total{action}``: control changes applied, by action (``set_batch_policy``,
+  ``set_dispatch_policy``, ``set_params``, ``set_unit_mode``), counted once final: for a live node after its units
+  answered (a change a unit refused is not counted).
 """
 
 from __future__ import annotations
@@ -17,10 +30,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.engine.base import RequestOutcome, StepRecord
+from agent.runtime.control import AuditRecord
 from agent.runtime.port import ServedNode
 
 STEP_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 """Upper bounds of the step-duration histogram (seconds); ``+Inf`` is implicit."""
+TTFT_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+)
+"""vLLM's ``vllm:time_to_first_token_seconds`` buckets (vLLM 0.26), so panels can mix agents and vLLM servers."""
+TPOT_BUCKETS_S: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)
+"""vLLM's ``vllm:request_time_per_output_token_seconds`` buckets (vLLM 0.26)."""
+MAX_TPOT_BUCKETS_S: tuple[float, ...] = (
+    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 10.0,
+)
+"""``trackside_request_max_tpot_seconds`` buckets: finer than vLLM's around the usual TPOT SLOs (20-100 ms)."""
+CONTROL_ACTIONS: tuple[str, ...] = ("set_batch_policy", "set_dispatch_policy", "set_params", "set_unit_mode")
+"""The actions ``trackside_control_changes_total`` counts, each served from 0."""
 
 
 @dataclass(slots=True)
@@ -47,20 +76,54 @@ class NodeMetrics:
 
     step_s: dict[int, _Histogram] = field(default_factory=dict)
     """Step durations per unit (node time, seconds)."""
+    ttft_s: dict[int, _Histogram] = field(default_factory=dict)
+    """Time to first token per unit (node time, seconds), observed at the first token."""
+    tpot_s: dict[int, _Histogram] = field(default_factory=dict)
+    """Each finished request's mean TPOT per unit (seconds)."""
+    max_tpot_s: dict[int, _Histogram] = field(default_factory=dict)
+    """Each finished request's worst per-token TPOT per unit (seconds)."""
+    num_prompt_tokens: dict[int, int] = field(default_factory=dict)
+    num_generation_tokens: dict[int, int] = field(default_factory=dict)
+    num_preemptions: dict[int, int] = field(default_factory=dict)
     num_finished: dict[int, int] = field(default_factory=dict)
     num_slo_attained: dict[int, int] = field(default_factory=dict)
+    num_control_changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CONTROL_ACTIONS, 0))
+    """Applied control changes by action."""
 
     def observe_step(self, record: StepRecord) -> None:
-        hist = self.step_s.get(record.unit_id)
-        if hist is None:
-            hist = self.step_s[record.unit_id] = _Histogram(STEP_BUCKETS_S)
-        hist.observe(record.duration_s)
+        uid = record.unit_id
+        _histogram(self.step_s, uid, STEP_BUCKETS_S).observe(record.duration_s)
+        self.num_prompt_tokens[uid] = self.num_prompt_tokens.get(uid, 0) + record.num_prefill_tokens
+        self.num_generation_tokens[uid] = self.num_generation_tokens.get(uid, 0) + record.num_decode_tokens
+        self.num_preemptions[uid] = self.num_preemptions.get(uid, 0) + record.num_preempted
+
+    def observe_first_token(self, unit_id: int, ttft_s: float) -> None:
+        """A request's first token on ``unit_id``, ``ttft_s`` after it arrived."""
+        _histogram(self.ttft_s, unit_id, TTFT_BUCKETS_S).observe(ttft_s)
+        self.num_generation_tokens[unit_id] = self.num_generation_tokens.get(unit_id, 0) + 1
 
     def observe_outcome(self, outcome: RequestOutcome) -> None:
         uid = outcome.unit_id
         self.num_finished[uid] = self.num_finished.get(uid, 0) + 1
         if outcome.met_slo:
             self.num_slo_attained[uid] = self.num_slo_attained.get(uid, 0) + 1
+        mean = outcome.tpot_s
+        if mean is not None:
+            _histogram(self.tpot_s, uid, TPOT_BUCKETS_S).observe(mean)
+            worst = outcome.max_tpot_s if outcome.max_tpot_s is not None else mean  # as tpot_by("worst")
+            _histogram(self.max_tpot_s, uid, MAX_TPOT_BUCKETS_S).observe(worst)
+
+    def observe_control(self, record: AuditRecord) -> None:
+        """A control request's final audit record: counted when it was applied (not refused, not a dry run)."""
+        if record.result == "applied" and record.action in self.num_control_changes:
+            self.num_control_changes[record.action] += 1
+
+
+def _histogram(series: dict[int, _Histogram], unit_id: int, bounds: tuple[float, ...]) -> _Histogram:
+    hist = series.get(unit_id)
+    if hist is None:
+        hist = series[unit_id] = _Histogram(bounds)
+    return hist
 
 
 def escape_label(value: str) -> str:
@@ -106,6 +169,14 @@ class _Writer:
             self.lines.append(f"{name}_count{_labels(labels)} {hist.count}")
 
 
+def _unit_series(
+    units: Iterable[tuple[int, Mapping[str, str]]], series: Mapping[int, _Histogram], bounds: tuple[float, ...]
+) -> list[tuple[Mapping[str, str], _Histogram]]:
+    """Every unit's histogram (unit id, labels), an empty one for a unit that has observed nothing yet: each series
+    exists from the first scrape, as vLLM's do."""
+    return [(labels, series.get(uid) or _Histogram(bounds)) for uid, labels in units]
+
+
 def render(
     node: ServedNode, metrics: NodeMetrics, *, model_name: str, num_dropped: int, num_subscribers: int,
     num_slow_dropped: int = 0,
@@ -113,12 +184,27 @@ def render(
     """The exposition text (format 0.0.4) for ``node`` now."""
     w = _Writer()
     units = [(u, {"model_name": model_name, "engine": str(u.unit_id)}, u.load()) for u in node.units]
+    ids = [(u.unit_id, labels) for u, labels, _ in units]
     w.family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
              ((labels, load.num_running) for _, labels, load in units))
     w.family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
              ((labels, load.num_waiting) for _, labels, load in units))
     w.family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
              ((labels, load.kv_used_blocks / load.num_blocks if load.num_blocks else 0.0) for _, labels, load in units))
+    w.family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+             ((labels, metrics.num_prompt_tokens.get(u.unit_id, 0)) for u, labels, _ in units))
+    w.family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+             ((labels, metrics.num_generation_tokens.get(u.unit_id, 0)) for u, labels, _ in units))
+    w.family("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
+             ((labels, metrics.num_preemptions.get(u.unit_id, 0)) for u, labels, _ in units))
+    w.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                _unit_series(ids, metrics.ttft_s, TTFT_BUCKETS_S))
+    w.histogram("vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+                _unit_series(ids, metrics.tpot_s, TPOT_BUCKETS_S))
+    w.histogram("trackside_request_max_tpot_seconds",
+                "Worst per-token TPOT of each finished request (what SLO attainment judges by default), seconds.",
+                _unit_series(ids, metrics.max_tpot_s, MAX_TPOT_BUCKETS_S))
     w.histogram("trackside_step_duration_seconds", "Duration of engine steps (node time).",
                 [(labels, metrics.step_s[u.unit_id]) for u, labels, _ in units if u.unit_id in metrics.step_s])
     w.family("trackside_prefill_admission_budget_tokens", "gauge",
@@ -141,6 +227,9 @@ def render(
              "Requests refused: by a unit's admission control (by=unit) or by the dispatcher (by=dispatcher).",
              [({"model_name": model_name, "by": "unit"}, node.num_refused),
               ({"model_name": model_name, "by": "dispatcher"}, node.num_rejected - node.num_refused)])
+    w.family("trackside_control_changes_total", "counter",
+             "Control changes applied (policy swaps, parameter changes, unit modes), by action.",
+             (({"model_name": model_name, "action": action}, n) for action, n in metrics.num_control_changes.items()))
     w.family("trackside_telemetry_dropped_total", "counter",
              "Telemetry events dropped for subscribers too slow to take them.", [({}, num_dropped)])
     w.family("trackside_telemetry_subscribers", "gauge", "Connected telemetry subscribers.", [({}, num_subscribers)])

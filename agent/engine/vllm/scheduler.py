@@ -51,6 +51,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from agent.engine.vllm.channel import ControlInbox, StepSink, make_sink
 from agent.engine.vllm.config import UnitSettings, unit_settings
 from agent.engine.vllm.messages import ControlReply, ControlRequest, FrameError, Ping, SetParams, SetPolicy, StepMessage
+from agent.plugins import load_plugins
 from policies.base import BatchPolicy
 from policies.cost.fit import OnlineStepModel
 from policies.cost.step_model import StepCoefficients
@@ -69,6 +70,9 @@ class UnsupportedModelError(RuntimeError):
 
 
 def build_policy(name: str, params: dict[str, Any]) -> BatchPolicy:
+    """A new batch policy ``name``: a built-in or a plugin's (:mod:`agent.plugins`). This runs in vLLM's engine-core
+    process, which registers the installed plugins itself (once) before the first name is looked up."""
+    load_plugins(warn=log.warning)
     try:
         cls = BATCH_POLICIES[name]
     except KeyError:
