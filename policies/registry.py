@@ -120,22 +120,6 @@ def add_policy(cls: type[BatchPolicy] | type[DispatchPolicy]) -> PolicyKind:
     return kind
 
 
-def register_batch(cls: type[BatchPolicy]) -> type[BatchPolicy]:
-    """Add a batch policy class (usable as a decorator, e.g. by a custom policy module)."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    BATCH_POLICIES[cls.name] = cls
-    return cls
-
-
-def register_dispatch(cls: type[DispatchPolicy]) -> type[DispatchPolicy]:
-    """Add a dispatch policy class."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    DISPATCH_POLICIES[cls.name] = cls
-    return cls
-
-
 def batch_policy_class(name: str) -> type[BatchPolicy]:
     try:
         return BATCH_POLICIES[name]
