@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.bench.runner import split_params
-from agent.cli.common import ServeError, agent_tokens, format_listen, parse_listen
+from agent.cli.common import ServeError, agent_tokens, parse_listen
 from agent.cli.connections import connection_limits
 from agent.engine.profiles import load_profile
 from agent.service.server import server_ssl_context
+from agent.telemetry.client import host_port
 from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
 from agent.workload.types import RequestSpec
@@ -208,8 +209,8 @@ def dry_run_document(args: argparse.Namespace, plan: dict[str, Any], config: Vll
         "served_model_name": config.model_name, **plan, "warnings": [*warnings, *plan["warnings"]],
         "batch_policy": batch.name, "batch_params": dict(batch.params), "dispatch": dispatcher.name,
         "dispatch_params": dict(dispatcher.params), "profile": args.profile, "slo_ttft_ms": args.slo_ttft_ms,
-        "slo_tpot_ms": args.slo_tpot_ms, "listen": format_listen(*parse_listen(args.listen)),
-        "serve_openai": format_listen(*serve) if serve else None,
+        "slo_tpot_ms": args.slo_tpot_ms, "listen": host_port(*parse_listen(args.listen)),
+        "serve_openai": host_port(*serve) if serve else None,
         "workload": {"trace": str(args.trace) if args.trace else None, "workload": args.workload,
                      "num_requests": len(config.requests)} if config.requests else None,
         "control": args.token_file is not None, "read_token": args.read_token_file is not None,

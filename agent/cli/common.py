@@ -27,11 +27,6 @@ def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def format_listen(host: str, port: int) -> str:
-    """``HOST:PORT`` as :func:`parse_listen` reads it back (an IPv6 host in brackets)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def agent_tokens(args: argparse.Namespace) -> tuple[str, str]:
     """``trackside agent``'s control token and read token (``--token-file``, ``--read-token-file``; "" without the
     file); raises :class:`ServeError` when they are the same token (the read one would then control too)."""

@@ -44,6 +44,7 @@ from agent.engine.vllm.engine_client import Routed, RoutedEngineClient
 from agent.engine.vllm.openai_app import build_openai_app, frontend_namespace
 from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.requests import ClusterRequest, RequestRejected, RequestStream
+from agent.telemetry.client import host_port
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +216,7 @@ class OpenAIServer:
 
     @property
     def base_url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/v1"
+        return f"http://{host_port(self.host, self.port)}/v1"
 
     async def start(self) -> None:
         """Serve in the background; returns once the server accepts connections."""

@@ -60,6 +60,7 @@ from agent.telemetry import (
     Format,
     Subscribe,
 )
+from agent.telemetry.client import host_port
 from agent.telemetry.stream import Subscription, parse_control
 
 log = logging.getLogger(__name__)
@@ -193,8 +194,7 @@ class AgentServer:
     @property
     def url(self) -> str:
         """The address clients connect to (an IPv6 host in brackets: ``ws://[::1]:7700``)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{'wss' if self.ssl_context else 'ws'}://{host}:{self.port}"
+        return f"{'wss' if self.ssl_context else 'ws'}://{host_port(self.host, self.port)}"
 
     async def start(self) -> None:
         self.hub.attach()

@@ -80,6 +80,11 @@ class TokenFileError(Exception):
     """A control token file that cannot be read, or is empty."""
 
 
+def host_port(host: str, port: int) -> str:
+    """``HOST:PORT`` as a URL and ``--listen`` take it: an IPv6 host in brackets (``[::1]:7700``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def read_token(path: Path | None) -> str:
     """The control token in ``path`` ("" without a file: control disabled, or not sent).
 
