@@ -66,11 +66,20 @@ def add_store_commands(subparsers: Any) -> None:
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
     q.add_argument("query", help="the SQL statement (quote it)")
     e = subparsers.add_parser(
-        "export", help="export a store's tables to Parquet files",
-        description="Write every table of a trackside store to DIR/<table>.parquet.",
+        "export", help="export a store's tables to Parquet files, or a node's recorded arrivals as a JSONL trace",
+        description="--to DIR: write every table of a trackside store to DIR/<table>.parquet. --trace FILE.jsonl: "
+        "write the requests a node recorded in a window (arrival time from the window's start, prompt and output "
+        "tokens, SLO targets) as a trace that `trackside bench --trace` and `trackside agent --trace` read; requests "
+        "refused at intake have no recorded output length and get the window's median.",
     )
     e.add_argument("--db", type=Path, required=True, help="the store's DuckDB file")
-    e.add_argument("--to", type=Path, required=True, metavar="DIR", help="output directory (created if missing)")
+    what = e.add_mutually_exclusive_group(required=True)
+    what.add_argument("--to", type=Path, metavar="DIR", help="Parquet: output directory (created if missing)")
+    what.add_argument("--trace", type=Path, metavar="FILE.jsonl", help="the recorded arrivals as a JSONL trace")
+    e.add_argument("--node", metavar="ID", help="--trace: the node (needed when the store has several)")
+    e.add_argument("--since", metavar="TIME", help="--trace: window start, ISO 8601 (UTC without a zone) or a "
+                   "duration ago (e.g. 1h); default the node's first arrival")
+    e.add_argument("--until", metavar="TIME", help="--trace: window end (same forms); default its last arrival")
     p = subparsers.add_parser(
         "prune", help="delete a store's events older than a duration",
         description="Delete every event older than DURATION (by its time_ns) from a trackside store; the runs' "

@@ -134,7 +134,8 @@ def _hello(e: NodeHello) -> tuple[Any, ...]:
         for u in e.units
     ]
     return (e.node_id, e.boot_ns, e.seq, e.time_ns, e.protocol_version, e.profile, e.dispatch_policy,
-            _json(e.dispatch_params), units, _json(e.batch_policies), _json(e.dispatch_policies))
+            _json(e.dispatch_params), units, _json(e.batch_policies), _json(e.dispatch_policies), e.topology,
+            e.prefill_units, e.lockstep)
 
 
 def _request(e: RequestFinished | RequestRefused, boot: int, policy: str | None) -> tuple[Any, ...]:
@@ -245,6 +246,10 @@ def event_from_row(table: str, row: dict[str, Any]) -> Event:
             UnitStatus(**{**u, "batch_params": _DEC_PARAMS.decode(u["batch_params"]), "gpu_ids": tuple(u["gpu_ids"])})
             for u in row["units"]
         )
+        # NULL in the hellos stored before schema version 4
+        row["topology"] = row["topology"] or ""
+        row["prefill_units"] = row["prefill_units"] or 0
+        row["lockstep"] = bool(row["lockstep"])
         return NodeHello(**row, boot_ns=boot_ns)
     raise ValueError(f"no events are read from table {table!r}")
 

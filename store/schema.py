@@ -27,12 +27,13 @@ from typing import Final
 
 import duckdb
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """Bumped on any change to the tables below; add a migration from the previous version to :data:`MIGRATIONS`.
 
 2: ``requests.max_tpot_ms`` (the worst per-token TPOT) and each unit's placement in ``nodes.units`` (``gpu_ids``,
 ``tensor_parallel_size``, ``pipeline_parallel_size``).
-3: the ``gaps`` table (:data:`GAPS_COLUMNS`)."""
+3: the ``gaps`` table (:data:`GAPS_COLUMNS`).
+4: the node's shape in ``nodes``: ``topology``, ``prefill_units``, ``lockstep`` (what ``trackside whatif`` replays)."""
 
 KEY_COLUMNS: Final = ("node_id VARCHAR!", "boot_ns BIGINT!", "seq BIGINT!", "time_ns BIGINT!")
 """The first four columns of every event table; ``!`` marks NOT NULL."""
@@ -46,7 +47,8 @@ UNIT_STRUCT: Final = (
 TABLES: Final[dict[str, tuple[str, ...]]] = {
     "nodes": (
         "protocol_version BIGINT!", "profile VARCHAR!", "dispatch_policy VARCHAR!", "dispatch_params VARCHAR!",
-        f"units {UNIT_STRUCT}!", "batch_policies VARCHAR!", "dispatch_policies VARCHAR!",
+        f"units {UNIT_STRUCT}!", "batch_policies VARCHAR!", "dispatch_policies VARCHAR!", "topology VARCHAR",
+        "prefill_units BIGINT", "lockstep BOOLEAN",
     ),
     "steps": (
         "unit_id BIGINT!", "step_id BIGINT!", "measured_ns BIGINT!", "predicted_ns BIGINT!", "mode VARCHAR!",
@@ -113,7 +115,14 @@ def _v2_to_v3(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(con: duckdb.DuckDBPyConnection) -> None:
+    """The node's shape, NULL in the hellos already there (their agents did not say it)."""
+    con.execute("ALTER TABLE nodes ADD COLUMN topology VARCHAR")
+    con.execute("ALTER TABLE nodes ADD COLUMN prefill_units BIGINT")
+    con.execute("ALTER TABLE nodes ADD COLUMN lockstep BOOLEAN")
+
+
+MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 """``MIGRATIONS[v]`` turns a version-``v`` database into a version ``v + 1`` one (inside one transaction)."""
 
 

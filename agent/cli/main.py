@@ -39,6 +39,7 @@ from agent.cli.render import (
     render_units,
 )
 from agent.cli.serve import HANDLED_ERRORS, SERVE_COMMANDS, add_serve_commands, with_node_config
+from agent.cli.whatif import WHATIF_COMMANDS, add_whatif_commands
 from agent.engine.profiles import UnknownProfileError, fit_report, list_profiles, load_profile
 from agent.telemetry import DEFAULT_TPOT_METRIC, TPOT_METRICS
 from agent.workload.spec import describe_presets, parse_workload
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_commands(sub)
     add_store_commands(sub)
     add_calibrate_command(sub)
+    add_whatif_commands(sub)
     for name, text in UI_COMMANDS.items():
         sub.add_parser(name, help=text, add_help=False)
     return parser
@@ -406,9 +408,9 @@ def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
 
 COMMANDS = {
     "bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles, **SERVE_COMMANDS, **STORE_COMMANDS,
-    **CALIBRATE_COMMANDS,
+    **CALIBRATE_COMMANDS, **WHATIF_COMMANDS,
 }
-PLUGIN_COMMANDS = ("bench", "policies", "agent")
+PLUGIN_COMMANDS = ("bench", "policies", "agent", "whatif")
 """Commands that resolve policy names: they register the installed policy plugins first (``agent.plugins``)."""
 USER_ERRORS: tuple[type[Exception], ...] = (
     CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError, *HANDLED_ERRORS,

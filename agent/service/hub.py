@@ -348,8 +348,16 @@ class Hub:
             node_id=self.node_id, time_ns=self._get_time_ns(), boot_ns=self.boot_ns, profile=self.profile,
             units=self.unit_statuses(), dispatch_policy=self.node.dispatcher.name,
             dispatch_params=dict(self.node.dispatcher.params), batch_policies=self._batch_policies,
-            dispatch_policies=self._dispatch_policies,
+            dispatch_policies=self._dispatch_policies, **self.shape(),
         )
+
+    def shape(self) -> dict[str, Any]:
+        """The hello's ``topology``, ``prefill_units`` and ``lockstep``, from the units' roles (a unit without one, a
+        vLLM engine, is ``mixed``)."""
+        roles = [getattr(unit, "role", "mixed") for unit in self.node.units]
+        prefill = sum(1 for role in roles if role == "prefill")
+        return {"topology": "disaggregated" if prefill else "colocated", "prefill_units": prefill,
+                "lockstep": bool(getattr(self.node, "lockstep", False))}
 
     def status(self) -> StatusInfo:
         return StatusInfo(

@@ -166,6 +166,13 @@ class NodeHello(EventBase, frozen=True, kw_only=True, tag="hello"):
     dispatch_params: dict[str, ParamValue] = {}
     batch_policies: tuple[PolicySchema, ...] = ()
     dispatch_policies: tuple[PolicySchema, ...] = ()
+    topology: str = ""
+    """``colocated`` (every unit takes requests and decodes them) or ``disaggregated`` (a prefill pool hands requests
+    to a decode pool); "" from an agent that did not say (before this field)."""
+    prefill_units: int = 0
+    """Disaggregated: the units in the prefill pool (the first ``prefill_units`` of ``units``); 0 otherwise."""
+    lockstep: bool = False
+    """Every unit starts its step together (DP+EP lockstep)."""
 
 
 class StepEvent(EventBase, frozen=True, kw_only=True, tag="step"):

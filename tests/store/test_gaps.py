@@ -84,10 +84,16 @@ def test_replay_puts_the_gap_alert_where_the_hole_is() -> None:
 
 # -- version 3 ---------------------------------------------------------------------------------------------------------
 def _v2_store(path: Path) -> None:
-    """A version-2 store: every table as now but ``gaps`` (version 3 added only that), a hello and a step."""
+    """A version-2 store: every table as now but ``gaps`` (version 3 added only that) and the node's shape (version 4),
+    a hello and a step."""
     con = duckdb.connect(str(path))
     for table in schema.TABLES:
         con.execute(schema.create_sql(table))
+    for column in ("topology", "prefill_units", "lockstep"):
+        con.execute(f"ALTER TABLE nodes DROP COLUMN {column}")
+    con.execute(
+        "INSERT INTO nodes VALUES ('old', ?, 0, ?, 2, 'h100', 'least_loaded', '{}', [], '[]', '[]')", [T0 - 1, T0 - 1]
+    )
     for name, cols in schema.META_TABLES.items():
         if name != "gaps":
             con.execute(f"CREATE TABLE {name} ({cols})")
@@ -109,7 +115,8 @@ def test_a_version_2_store_is_migrated(tmp_path: Path) -> None:
         writer.write([hello(node="old"), msgspec.structs.replace(gap(2, 4), node_id="old")])
     con = connect(path, read_only=True)
     try:
-        assert con.execute("SELECT list(version ORDER BY version) FROM schema_version").fetchone() == ([1, 2, 3],)
+        assert con.execute("SELECT list(version ORDER BY version) FROM schema_version").fetchone() == ([1, 2, 3, 4],)
+        assert con.execute("SELECT count(*) FROM nodes WHERE topology IS NULL AND lockstep IS NULL").fetchone() == (1,)
         fresh = duckdb.connect(":memory:")
         fresh.execute(f"CREATE TABLE gaps ({schema.GAPS_COLUMNS})")
         assert con.execute("DESCRIBE gaps").fetchall() == fresh.execute("DESCRIBE gaps").fetchall()
@@ -118,7 +125,11 @@ def test_a_version_2_store_is_migrated(tmp_path: Path) -> None:
         assert con.execute("SELECT count(*) FROM steps").fetchone() == (1,)
     finally:
         con.close()
-    assert [type(e).__name__ for e in replay(path)] == ["NodeHello", "StepEvent", "Alert"]
+    events = list(replay(path))
+    assert [type(e).__name__ for e in events] == ["NodeHello", "NodeHello", "StepEvent", "Alert"]
+    old, new = events[0], events[1]
+    assert isinstance(old, NodeHello) and (old.topology, old.prefill_units, old.lockstep) == ("", 0, False)
+    assert isinstance(new, NodeHello) and new.topology == hello(node="old").topology
 
 
 # -- trackside record against a real agent ----------------------------------------------------------------------------

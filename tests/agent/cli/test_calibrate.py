@@ -60,9 +60,10 @@ def record_sim(
     units: int = 2,
     workload: str = WORKLOAD,
     profile: str = DEFAULT_PROFILE,
+    batch_policy: str = "vllm",
 ) -> Path:
     """Run simulated units until the workload is done and record every event into the store at ``path``."""
-    config = BenchConfig(units=units, noise=noise, seed=seed, profile=profile)
+    config = BenchConfig(units=units, noise=noise, seed=seed, profile=profile, batch_policy=batch_policy)
     node = make_node(config, parse_workload(workload, seed=seed))
     hub = Hub(node, node_id=node_id, profile=config.profile, token="t", replay_capacity=1 << 22, slack_sample_ms=0)
     hub.attach()
