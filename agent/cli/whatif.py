@@ -58,6 +58,7 @@ from policies.registry import BATCH_POLICIES, UnknownPolicyError, batch_policy_c
 from store.cli import STORE_COMMANDS
 
 if TYPE_CHECKING:
+    from store.queries import Db
     from store.window import RecordedWindow
 
 EXIT_USAGE = 2
@@ -175,6 +176,9 @@ def running_config(window: RecordedWindow, profile: str, tpot_metric: Any) -> tu
     if window.num_unfinished:
         warnings.append(f"{window.num_unfinished} requests arrived in the window without a recorded outcome (still "
                         "running when the recording stopped): left out of both the record and the replays")
+    if not hello.topology:
+        warnings.append("the node's hello does not say its topology (recorded before schema 4): replayed as colocated "
+                        "units without lockstep")
     topology = hello.topology or "colocated"
     if topology not in TOPOLOGIES:
         raise WhatIfError(f"the node's topology {topology!r} is not one the simulator runs ({', '.join(TOPOLOGIES)})")
@@ -192,12 +196,12 @@ def running_config(window: RecordedWindow, profile: str, tpot_metric: Any) -> tu
     return config, warnings
 
 
-def fit_window_profile(args: argparse.Namespace, window: RecordedWindow, out_dir: Path) -> tuple[str, dict[str, Any]]:
-    """``--profile auto``: a profile fitted on the window's steps, written under ``out_dir``; its path and a
-    description for the report."""
+def fit_window_profile(db: Db, window: RecordedWindow, out_dir: Path) -> tuple[str, dict[str, Any]]:
+    """``--profile auto``: a profile fitted on the window's steps (read from ``db``: the store's path, or a connection
+    to it such as the recorder's), written under ``out_dir``; its path and a description for the report."""
     from store.queries import step_records
 
-    sel = step_records(args.db, node_id=window.node_id, start_ns=window.start_ns, end_ns=window.end_ns)
+    sel = step_records(db, node_id=window.node_id, start_ns=window.start_ns, end_ns=window.end_ns)
     try:
         named = load_profile(window.hello.profile)
     except (UnknownProfileError, ValueError, OSError):
@@ -208,7 +212,8 @@ def fit_window_profile(args: argparse.Namespace, window: RecordedWindow, out_dir
         cal = profile_from_steps(
             cols, name=f"{window.node_id}-whatif", description=f"fitted by trackside whatif on {window.node_id}",
             gpu=named.gpu if named else "unknown", model=named.model if named else window.hello.profile,
-            mode=named.mode if named else "unknown", source_files=(args.db.name,), measured_date="",
+            mode=named.mode if named else "unknown",
+            source_files=(Path(db).name if isinstance(db, str | Path) else "store",), measured_date="",
             vllm_version="", block_size=named.block_size if named else DEFAULT_BLOCK_SIZE,
             max_num_batched_tokens=named.max_num_batched_tokens if named else
             int(max(cols["budget_tokens"].max(initial=1), 1)),
@@ -284,7 +289,7 @@ def _whatif(args: argparse.Namespace, console: Console) -> int:
     recorded = as_recorded(window)
     with tempfile.TemporaryDirectory(prefix="trackside-whatif-") as tmp:
         if args.profile == "auto":
-            profile, profile_info = fit_window_profile(args, window, Path(tmp))
+            profile, profile_info = fit_window_profile(args.db, window, Path(tmp))
         else:
             load_profile(args.profile)
             profile, profile_info = args.profile, {"name": args.profile, "source": "named"}
@@ -332,7 +337,10 @@ def render_whatif(console: Console, report: dict[str, Any]) -> None:
     w, rec = report["window"], report["recorded"]
     console.print(f"node {w['node_id']}: {w['requests']:,} requests from {_utc(w['start_ns'])} to {_utc(w['end_ns'])} "
                   f"UTC; profile {report['profile']['name']} ({report['profile']['source']})")
-    table = Table(title="What-if (ranked by effective RPS = offered x SLO attainment)", title_justify="left")
+    dispatches = {run["dispatch"] for run in report["runs"]}
+    one = next(iter(dispatches)) if len(dispatches) == 1 else None
+    table = Table(title="What-if: ranked by effective RPS = offered x SLO attainment"
+                  + (f"; every run dispatches with {one}" if one else ""), title_justify="left")
     for col in ("#", "policy", "eff/s", "Δ rec", "SLO", "TTFT p50/p99", "TPOT p50/p99", "rej"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
     table.caption = ("*: the running policy, replayed (the fidelity check); Δ rec: effective RPS against the record; "
@@ -343,7 +351,8 @@ def render_whatif(console: Console, report: dict[str, Any]) -> None:
                   style="dim")
     for run in sorted(report["runs"], key=lambda r: r["rank"]):
         s = run["summary"]
-        name = f"{run['batch_policy']} + {run['dispatch']}" + (" *" if run["role"] == "replay" else "")
+        name = run["batch_policy"] + (f" + {run['dispatch']}" if one is None else "")
+        name += " *" if run["role"] == "replay" else ""
         table.add_row(str(run["rank"]), name, f"{s['effective_rps']:,.2f}",
                       _pct(run["delta"]["effective_rps_rel"]), _pct(s["slo_attainment"], False),
                       f"{_ms(s['ttft_ms']['p50'])}/{_ms(s['ttft_ms']['p99'])}",
