@@ -201,7 +201,9 @@ def fit_window_profile(db: Db, window: RecordedWindow, out_dir: Path) -> tuple[s
     to it such as the recorder's), written under ``out_dir``; its path and a description for the report."""
     from store.queries import step_records
 
-    sel = step_records(db, node_id=window.node_id, start_ns=window.start_ns, end_ns=window.end_ns)
+    # the steps that served the window's requests: up to the last one's finish, past the last arrival
+    end = max([window.end_ns, *(r.finish_ns + 1 for r in window.requests if r.finish_ns is not None)])
+    sel = step_records(db, node_id=window.node_id, start_ns=window.start_ns, end_ns=end)
     try:
         named = load_profile(window.hello.profile)
     except (UnknownProfileError, ValueError, OSError):
