@@ -67,10 +67,10 @@ def add_store_commands(subparsers: Any) -> None:
     q.add_argument("query", help="the SQL statement (quote it)")
     e = subparsers.add_parser(
         "export", help="export a store's tables to Parquet files, or a node's recorded arrivals as a JSONL trace",
-        description="--to DIR: write every table of a trackside store to DIR/<table>.parquet. --trace FILE.jsonl: "
-        "write the requests a node recorded in a window (arrival time from the window's start, prompt and output "
-        "tokens, SLO targets) as a trace that `trackside bench --trace` and `trackside agent --trace` read; requests "
-        "refused at intake have no recorded output length and get the window's median.",
+        description="--to DIR: write every event table of a trackside store, and its gaps, to DIR/<table>.parquet. "
+        "--trace FILE.jsonl: write the requests a node recorded in a window (arrival time from the window's start, "
+        "prompt and output tokens, SLO targets) as a trace that `trackside bench --trace` and `trackside agent "
+        "--trace` read; requests refused at intake have no recorded output length and get the window's median.",
     )
     e.add_argument("--db", type=Path, required=True, help="the store's DuckDB file")
     what = e.add_mutually_exclusive_group(required=True)

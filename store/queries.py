@@ -321,7 +321,8 @@ def check_read_only(con: duckdb.DuckDBPyConnection, text: str) -> None:
 
 
 def export_parquet(db: Db, directory: str | Path) -> list[Path]:
-    """Write every event table to ``directory/<table>.parquet`` (created if missing); the files written."""
+    """Write every event table and the ``gaps`` table (what the stream is missing) to ``directory/<table>.parquet``
+    (created if missing); the files written."""
     out_dir = Path(directory)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -330,7 +331,7 @@ def export_parquet(db: Db, directory: str | Path) -> list[Path]:
     con, owned = _open(db)
     paths = []
     try:
-        for table in TABLES:
+        for table in (*TABLES, "gaps"):
             path = out_dir / f"{table}.parquet"
             quoted = str(path).replace("'", "''")
             try:
