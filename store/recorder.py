@@ -37,12 +37,15 @@ import queue
 import ssl
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
+
+import duckdb
 
 from agent.telemetry import Alert, AlertCode, Event, NodeHello
 from agent.telemetry.client import stream_batches
+from store.schema import StoreError
 from store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -154,6 +157,16 @@ class Recorder:
         with self._lock:
             return self._writer.last_seq(hello.node_id, hello.boot_ns)
 
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of this process to the store being written, for reads (from any thread; close it when done):
+        it sees what is committed. The file is locked to other processes while the recorder writes it, so readers
+        beside the recorder (the advisor of ``trackside record``) go through this. Raises :class:`StoreError` for a
+        writer that is not a :class:`StoreWriter`, or once it is closed."""
+        if not isinstance(self._writer, StoreWriter):
+            raise StoreError(f"the recorder's writer ({type(self._writer).__name__}) cannot be read")
+        with self._lock:
+            return self._writer.cursor()
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -252,6 +265,11 @@ def is_gap(event: Event) -> bool:
     return isinstance(event, Alert) and not event.seq and event.code == AlertCode.GAP
 
 
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s failed: %s", task.get_name(), task.exception(), exc_info=task.exception())
+
+
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -307,9 +325,14 @@ async def record_agents(
     on_notice: OnNotice = log_notice,
     ssl_context: ssl.SSLContext | None = None,
     token: str = "",
+    companion: Callable[[Recorder], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
     """Follow every agent in ``uris`` into the store ``db`` (a :class:`StoreWriter` unless ``writer_factory`` says
     otherwise) until ``stop``; then write what was received, commit and close.
+
+    ``companion(recorder)``, when given, runs as a task beside the agents' streams (the advisor of ``trackside record``,
+    which reads the store through :meth:`Recorder.cursor`): it is cancelled and awaited before the store closes; its
+    failure is logged, never stops the recording.
 
     Frames go to the writer whole (up to ``batch_size`` events per ``write``), committed at least every
     ``flush_s``. Each agent is resumed where the store stops in its current run, and events an agent dropped for
@@ -325,6 +348,9 @@ async def record_agents(
     tasks = [asyncio.create_task(follow(uri, recorder, on_hello=on_hello, on_notice=on_notice, ssl_context=ssl_context,
                                         token=token))
              for uri in uris]
+    beside = asyncio.create_task(companion(recorder), name="recorder companion") if companion is not None else None
+    if beside is not None:
+        beside.add_done_callback(_log_failure)
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -338,7 +364,9 @@ async def record_agents(
     finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if beside is not None:
+            beside.cancel()
+        await asyncio.gather(*tasks, *([beside] if beside is not None else []), return_exceptions=True)
         recorder.close()
     if recorder.failure is not None:
         raise recorder.failure

@@ -139,7 +139,8 @@ def recorded_window(db: Db, *, node_id: str | None = None, start_ns: int | None 
                             "time_ns < ?", [node_id, boot_ns, start, end]).fetchone()
         audits = _dicts(con.execute(
             "SELECT time_ns, action, unit_ids, old, new FROM audits WHERE node_id = ? AND boot_ns = ? AND result = "
-            "'applied' AND time_ns < ? ORDER BY time_ns, seq", [node_id, boot_ns, end]
+            "'applied' AND action <> 'post_alert' AND time_ns < ? ORDER BY time_ns, seq",  # an alert changes nothing
+            [node_id, boot_ns, end]
         ))
     finally:
         if owned:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -172,26 +172,32 @@ def run_all(
     *,
     jobs: int | None = None,
     progress: Callable[[int, int, BenchConfig], None] | None = None,
+    executor: Executor | None = None,
 ) -> list[RunResult]:
     """One :func:`run_once` per config over the same requests, in ``jobs`` worker processes (default: one per CPU,
-    at most one per config; 1: in this process). Results in ``configs`` order; ``progress(done, total, config)``
-    after each run."""
+    at most one per config; 1: in this process), or in ``executor``'s workers when given (a pool kept across calls:
+    the recorder's advisor; ``jobs`` is then ignored). Results in ``configs`` order; ``progress(done, total,
+    config)`` after each run."""
     total = len(configs)
     workers = max(1, min(jobs or os.cpu_count() or 1, total))
     results: list[RunResult | None] = [None] * total
-    if workers == 1:
+    if workers == 1 and executor is None:
         for i, config in enumerate(configs):
             results[i] = run_once(config, requests)
             if progress is not None:
                 progress(i + 1, total, config)
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        pool = executor or ProcessPoolExecutor(max_workers=workers)
+        try:
             futures = {pool.submit(_run, config, tuple(requests)): i for i, config in enumerate(configs)}
             for done, future in enumerate(as_completed(futures), start=1):
                 i = futures[future]
                 results[i] = future.result()
                 if progress is not None:
                     progress(done, total, configs[i])
+        finally:
+            if executor is None:
+                pool.shutdown()
     return [r for r in results if r is not None]
 
 

@@ -71,6 +71,7 @@ from agent.workload.types import RequestSpec
 from policies.params import parse_assignments
 
 if TYPE_CHECKING:
+    from agent.cli.advisor import Advisor, AdvisorSettings
     from store.recorder import EventWriter
 
 EXIT_ERROR_REPLY = 2
@@ -135,12 +136,49 @@ def add_serve_commands(sub: Any) -> None:
     rec.add_argument("uris", nargs="+", metavar="URI")
     rec.add_argument("--db", type=Path, required=True)
     rec.add_argument("--token-file", type=Path,
-                     help="a token for agents that have a read token (their read token, or their control token)")
+                     help="a token for agents that have a read token (their read token, or their control token); "
+                     "with --advise-every, the control token lets the advisor post its recommendations as alerts "
+                     "(and --autopilot apply them)")
     add_ca_file_option(rec)
     rec.add_argument("--flush-s", type=float, default=1.0, help="flush at least this often (default 1 s)")
     rec.add_argument("--retention", type=_duration_s, metavar="DURATION",
                      help="keep this much history (e.g. 7d, 12h, 1h30m): older events are deleted at the start "
                      "and then every tenth of it, at most an hour apart (default: keep everything)")
+    add_advisor_options(rec)
+
+
+def add_advisor_options(rec: argparse.ArgumentParser) -> None:
+    """``trackside record``'s advisor and autopilot (``agent.cli.advisor``)."""
+    adv = rec.add_argument_group(
+        "advisor", "every period, replay each node's last window of recorded traffic under other policies (the "
+        "what-if of `trackside whatif`); when a candidate beats the running policy by more than --advise-min-gain "
+        "and the replay of the running policy is within 10% of the record (goodput, SLO attainment), post a "
+        "`recommendation` alert on the node's stream (the console's Overview lists it; it needs the agent's control "
+        "token in --token-file, else it is only printed). Nothing is applied without --autopilot. Each period's "
+        "outcome is a line on stderr")
+    adv.add_argument("--advise-every", type=_duration_s, metavar="DURATION",
+                     help="run the advisor every DURATION of wall-clock time (e.g. 5m; at least 10s); off without it")
+    adv.add_argument("--advise-window", type=_duration_s, metavar="DURATION",
+                     help="the window replayed: the last DURATION of each node's traffic up to its latest recorded "
+                     "arrival, by the node's clock (default: the period)")
+    adv.add_argument("--advise-compare", metavar="P1,P2,...",
+                     help="candidate batch policies (default every built-in one)")
+    adv.add_argument("--advise-dispatch", metavar="D1,D2,...",
+                     help="candidate dispatch policies (default the one the node runs)")
+    adv.add_argument("--advise-min-gain", type=float, default=0.05, metavar="FRACTION",
+                     help="the least effective-RPS gain over the replayed running policy worth a recommendation "
+                     "(default 0.05; a replay further from the record than that needs its own error's worth)")
+    adv.add_argument("--advise-jobs", type=int, metavar="N",
+                     help="replays at once, in worker processes at a lower priority (default half the CPUs)")
+    adv.add_argument("--autopilot", action="store_true",
+                     help="apply a recommendation (needs --advise-every and the control token in --token-file): its "
+                     "dry run first (refused: nothing applied, an alert says why), then the swap, audited by the "
+                     "agent; after a full window, roll back to the last good policy if SLO attainment dropped by "
+                     "more than --rollback-drop (audited too, with an alert that says why). At most one swap per "
+                     "node and period, none while a rollback check is pending")
+    adv.add_argument("--rollback-drop", type=float, default=0.05, metavar="FRACTION",
+                     help="--autopilot: the drop in SLO attainment (absolute: 0.05 is 5 points) over the window after "
+                     "a swap, against the window that recommended it, that rolls the swap back (default 0.05)")
 
 
 def add_ca_file_option(parser: argparse.ArgumentParser) -> None:
@@ -379,21 +417,59 @@ def _duration_s(text: str) -> float:
 def cmd_record(args: argparse.Namespace, console: object = None) -> int:
     ssl_context = client_ssl_context(args.ca_file)
     token = read_token(args.token_file)
+    advise = advisor_settings(args, token)
     return asyncio.run(record(args.uris, args.db, flush_s=args.flush_s, retention_s=args.retention,
-                              install_signals=True, ssl_context=ssl_context, token=token))
+                              install_signals=True, ssl_context=ssl_context, token=token, advise=advise))
+
+
+def advisor_settings(args: argparse.Namespace, token: str) -> AdvisorSettings | None:
+    """The advisor ``trackside record``'s flags ask for (None: none); raises :class:`ServeError` for flags that do
+    not go together, ``UnknownPolicyError`` for a candidate that does not exist."""
+    from agent.cli.advisor import MIN_PERIOD_S, AdvisorSettings, default_jobs
+    from policies.registry import batch_policy_class, dispatch_policy_class
+
+    if args.advise_every is None:
+        given = [flag for flag, value in (("--advise-window", args.advise_window),
+                                          ("--advise-compare", args.advise_compare),
+                                          ("--advise-dispatch", args.advise_dispatch),
+                                          ("--advise-jobs", args.advise_jobs), ("--autopilot", args.autopilot or None))
+                 if value is not None]
+        if given:
+            raise ServeError(f"{given[0]} needs --advise-every DURATION (the advisor's period)")
+        return None
+    if args.advise_every < MIN_PERIOD_S:
+        raise ServeError(f"--advise-every must be at least {MIN_PERIOD_S:g}s (a what-if takes seconds)")
+    if args.autopilot and not token:
+        raise ServeError("--autopilot needs --token-file with the agents' control token")
+    if args.advise_jobs is not None and args.advise_jobs < 1:
+        raise ServeError("--advise-jobs must be >= 1")
+    if not (args.advise_min_gain >= 0 and 0 < args.rollback_drop <= 1):
+        raise ServeError("--advise-min-gain must be >= 0 and --rollback-drop in (0, 1]")
+    load_policy_plugins()
+    compare = tuple(x.strip() for x in (args.advise_compare or "").split(",") if x.strip())
+    dispatch = tuple(x.strip() for x in (args.advise_dispatch or "").split(",") if x.strip())
+    for name in compare:
+        batch_policy_class(name)
+    for name in dispatch:
+        dispatch_policy_class(name)
+    return AdvisorSettings(every_s=args.advise_every, window_s=args.advise_window, compare=compare, dispatch=dispatch,
+                           min_gain=args.advise_min_gain, autopilot=args.autopilot, rollback_drop=args.rollback_drop,
+                           jobs=args.advise_jobs or default_jobs())
 
 
 async def record(
     uris: Sequence[str], db: Path, *, flush_s: float = 1.0, writer_factory: Callable[[Path], EventWriter] | None = None,
     stop: asyncio.Event | None = None, install_signals: bool = False, retention_s: float | None = None,
-    ssl_context: ssl.SSLContext | None = None, token: str = "",
+    ssl_context: ssl.SSLContext | None = None, token: str = "", advise: AdvisorSettings | None = None,
+    advisor: Advisor | None = None,
 ) -> int:
     """``trackside record`` without its command line: :func:`store.recorder.record_agents` until ``stop`` (or a
     signal), saying which node each agent is and logging the agents' notices; the exit status (2 when an agent
     refuses the subscription, a URI is not an agent's, or the store cannot be opened, e.g. another process writes it;
     1 when a ``wss://`` agent's certificate does not verify with ``ssl_context``). ``token`` goes with every
-    subscription (agents with a read token need it, or their control token)."""
-    from store.recorder import record_agents  # lazily: the store is optional for everything else
+    subscription (agents with a read token need it, or their control token). ``advise``: run the advisor beside
+    (``agent.cli.advisor``; with ``token``, it posts its recommendations with it), or ``advisor``, one made already."""
+    from store.recorder import Recorder, record_agents  # lazily: the store is optional for everything else
     from store.schema import StoreError, StoreLockedError
 
     stop = stop or asyncio.Event()
@@ -401,10 +477,33 @@ async def record(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+    if advisor is None and advise is not None:
+        from agent.cli.advisor import Advisor, SessionControl
+
+        advisor = Advisor(advise, control=SessionControl(token, ssl_context) if token else None)
+    on_hello = _print_hello
+    companion = None
+    if advisor is not None:
+        from agent.cli.advisor_window import advise_beside
+
+        adv = advisor
+
+        def on_hello(uri: str, hello: NodeHello) -> None:
+            _print_hello(uri, hello)
+            adv.watch(uri, hello)
+
+        async def companion(recorder: Recorder) -> None:
+            await advise_beside(recorder, adv)
+
+        print(f"trackside record: advisor: every {adv.settings.every_s:g} s on the last {adv.settings.window:g} s of "
+              f"each node's traffic" + (", autopilot on" if adv.settings.autopilot else
+                                        "" if adv.control is not None else
+                                        " (no --token-file: recommendations are printed here only)"),
+              file=sys.stderr, flush=True)
     try:
         await record_agents(uris, db, stop=stop, writer_factory=writer_factory, flush_s=flush_s,
-                            retention_s=retention_s, on_hello=_print_hello, on_notice=_log_notice,
-                            ssl_context=ssl_context, token=token)
+                            retention_s=retention_s, on_hello=on_hello, on_notice=_log_notice,
+                            ssl_context=ssl_context, token=token, companion=companion)
     except StoreLockedError as exc:
         print(f"trackside record: error: cannot record to {db}: {exc.holder or 'another process'} has it open, and "
               "DuckDB allows one writer per file: stop that process or give another --db", file=sys.stderr)

@@ -175,7 +175,8 @@ def running_config(window: RecordedWindow, profile: str, tpot_metric: Any) -> tu
                         + "): the replay holds the starting policies, so the fidelity check measures them too")
     if window.num_unfinished:
         warnings.append(f"{window.num_unfinished} requests arrived in the window without a recorded outcome (still "
-                        "running when the recording stopped): left out of both the record and the replays")
+                        "running when the store was read, or when the recording stopped): left out of both the record "
+                        "and the replays")
     if not hello.topology:
         warnings.append("the node's hello does not say its topology (recorded before schema 4): replayed as colocated "
                         "units without lockstep")

@@ -57,8 +57,8 @@ class AuditRecord:
     """Wall-clock time of the decision (ns since the epoch)."""
     who: str
     action: str
-    """``set_batch_policy``, ``set_dispatch_policy``, ``set_params``, ``set_unit_mode``; the request's kind for one
-    refused before it ran (:meth:`NodeControl.refuse`)."""
+    """``set_batch_policy``, ``set_dispatch_policy``, ``set_params``, ``set_unit_mode``, ``post_alert``; the request's
+    kind for one refused before it ran (:meth:`NodeControl.refuse`)."""
     unit_ids: tuple[int, ...]
     """Units concerned (empty for node-wide actions such as the dispatcher)."""
     old: Mapping[str, Any]
@@ -263,6 +263,12 @@ class NodeControl:
         except (ValueError, ControlError) as exc:
             return self._record("set_unit_mode", who, (unit_id,), {}, {"mode": "active"}, exc)
         return self._record("set_unit_mode", who, (unit_id,), {"mode": "failed"}, {"mode": "active"}, None)
+
+    def post_alert(self, code: str, message: str, severity: str, *, who: str = "unknown") -> AuditRecord:
+        """Audit an alert a client posts on the node's stream (the hub publishes it): nothing on the node changes;
+        the record's note says the alert (``severity code: message``)."""
+        return self._record("post_alert", who, (), {}, {"code": code, "severity": severity}, None,
+                            note=f"{severity} {code}: {message}")
 
     def refuse(self, action: str, code: str, message: str, *, who: str = "unknown") -> AuditRecord:
         """Record a request refused before it could run (``code``: ``unauthorized``, ``invalid_field``,

@@ -49,6 +49,7 @@ from agent.telemetry import (
     OkReply,
     PauseUnit,
     PolicyList,
+    PostAlert,
     RecoverUnit,
     Reply,
     RequestArrived,
@@ -497,6 +498,11 @@ class Hub:
             return c.fail_unit(request.unit_id, request.reason, who=who)
         if isinstance(request, RecoverUnit):
             return c.recover_unit(request.unit_id, who=who)
+        if isinstance(request, PostAlert):
+            record = c.post_alert(request.code, request.message, request.severity, who=who)
+            self.publish(Alert(node_id=self.node_id, time_ns=self.origin.ns(self.node.now_s), code=request.code,
+                               severity=request.severity, message=request.message))
+            return record
         raise TypeError(f"not a control action: {type(request).__name__}")
 
 
@@ -505,8 +511,8 @@ def audit_event(record: AuditRecord, node_id: str, control_id: str) -> ControlAu
     old: list[Setting] = []
     new: list[Setting] = []
     targets: list[int | None] = list(record.unit_ids) or [None]
-    if not (record.old or record.new):
-        pass  # refused before it ran (NodeControl.refuse): no settings to show
+    if not (record.old or record.new) or record.action == "post_alert":
+        pass  # refused before it ran (NodeControl.refuse), or an alert posted: no settings to show
     elif record.action == "set_batch_policy":
         old = [_setting(int(uid), v) for uid, v in record.old.items()]
         new = [_setting(uid, record.new) for uid in targets]

@@ -24,6 +24,8 @@ from policies.params import ParamValue
 # -- control -------------------------------------------------------------------------------------------------
 MAX_CONTROL_ID_CHARS: Final = 128
 """The longest ``control_id`` a request may carry (a UUID's hex is 32)."""
+MAX_ALERT_MESSAGE_CHARS: Final = 500
+"""The longest message a :class:`PostAlert` may carry."""
 
 
 class RequestBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", forbid_unknown_fields=True):
@@ -104,6 +106,19 @@ class RecoverUnit(RequestBase, frozen=True, kw_only=True, tag="recover_unit"):
     unit_id: NonNegative
 
 
+class PostAlert(RequestBase, frozen=True, kw_only=True, tag="post_alert"):
+    """An alert from the operator's tooling (``trackside record --advise-every``: the advisor) that the agent publishes
+    on its stream as an ``alert`` event of its own: numbered, buffered for resumes, recorded, replayed. A change: it
+    needs the control token and a ``control_id``, and is audited (action ``post_alert``). An agent older than it
+    answers ``unknown_kind``."""
+
+    code: Literal["recommendation"]
+    """A closed set: ``recommendation`` (a policy that the what-if on the last window says would do better, or what
+    the autopilot did about it)."""
+    message: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ALERT_MESSAGE_CHARS)]
+    severity: Literal["info", "warning"] = "info"
+
+
 class Subscribe(RequestBase, frozen=True, kw_only=True, tag="subscribe"):
     """Start (or resume) the event stream on this connection. A read: no token needed unless the agent has a read
     token (then that one or the control token)."""
@@ -128,7 +143,7 @@ class Subscribe(RequestBase, frozen=True, kw_only=True, tag="subscribe"):
 
 ControlRequest = (
     Status | ListPolicies | SetBatchPolicy | SetDispatchPolicy | SetParams | DryRun | PauseUnit | DrainUnit
-    | ResumeUnit | FailUnit | RecoverUnit | Subscribe
+    | ResumeUnit | FailUnit | RecoverUnit | PostAlert | Subscribe
 )
 CONTROL_KINDS: Final = union_tags(ControlRequest)
 

@@ -351,7 +351,8 @@ class ControlAudit(EventBase, frozen=True, kw_only=True, tag="audit"):
     control_id: str = ""
     """The control request that asked for it."""
     action: str
-    """``set_batch_policy``, ``set_dispatch_policy``, ``set_params`` or ``set_unit_mode``; for a request refused
+    """``set_batch_policy``, ``set_dispatch_policy``, ``set_params``, ``set_unit_mode`` or ``post_alert`` (an alert
+    posted on the stream: no settings, its severity, code and message in ``message``); for a request refused
     before it ran (``unauthorized``, a missing or repeated ``control_id``) the request's kind (``subscribe``,
     ``status``, ``pause_unit``, ...), or ``connect`` for a token refused at connect. A string on the wire: newer
     agents may add actions."""
@@ -380,6 +381,9 @@ class AlertCode(enum.StrEnum):
     """A unit failed (``unit_id``; its engine core died): it takes no requests, its own went to other units."""
     UNIT_RESTARTED = "unit_restarted"
     """A failed unit (``unit_id``) runs again (a fresh engine) and takes requests."""
+    RECOMMENDATION = "recommendation"
+    """Posted by a client with the control token (``post_alert``: the recorder's advisor): a policy the what-if on the
+    last window says would do better, or what the autopilot applied or rolled back."""
 
 
 class Alert(EventBase, frozen=True, kw_only=True, tag="alert"):

@@ -441,3 +441,14 @@ def test_text_of_cells_and_alerts() -> None:
     assert cell(state, "n1", 7, T0 // S) is None and cell(state, "zz", 0, 0) is None
     line = alert_line(state_with([Alert(node_id="n", time_ns=T0, code="gap", unit_id=3, message="lost")]).alerts[0])
     assert line.endswith("warning n u3 gap: lost")
+
+
+def test_a_posted_alert_is_an_alert_not_a_policy_marker() -> None:
+    posted = audit(T0 + S, "post_alert", units=())
+    alert = Alert(node_id="n1", time_ns=T0 + S, code="recommendation", severity="info", message="sarathi would gain")
+    state = state_with([hello(), alert, posted])
+    assert not state.markers and len(state.audits) == 1
+    assert [a.code for a in state.alerts] == ["recommendation"]
+    swap = audit(T0 + 2 * S, "set_dispatch_policy", units=(), new=(Setting(policy="round_robin"),))
+    state.apply([swap])
+    assert [m.text for m in state.markers] == ["dispatch -> round_robin"]

@@ -61,6 +61,8 @@ def strategy(t: mi.Type) -> st.SearchStrategy[Any]:
     if isinstance(t, mi.FloatType):
         return FLOATS
     if isinstance(t, mi.StrType):
+        if t.min_length:  # a bounded text (post_alert's message): within its bounds
+            return st.text(st.characters(exclude_categories=["Cs"]), min_size=t.min_length, max_size=12)
         return TEXT
     if isinstance(t, mi.BoolType):
         return st.booleans()
@@ -118,7 +120,7 @@ def test_every_command_and_reply_round_trips(fmt: str, cls: type[msgspec.Struct]
 def test_kinds_are_unique_and_complete() -> None:
     kinds = [c.__struct_config__.tag for c in members(AgentFrame)]
     assert len(kinds) == len(set(kinds)) == len(EVENT_KINDS) + 3  # and batch, ok, error
-    assert len(CONTROL_KINDS) == len(members(ControlRequest)) == 12
+    assert len(CONTROL_KINDS) == len(members(ControlRequest)) == 13
     assert not CONTROL_KINDS & EVENT_KINDS
 
 
