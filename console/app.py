@@ -35,11 +35,14 @@ from console.screens.focus import LEAVE_INPUT_BINDING, leave_input, takes_text
 from console.screens.heatmap import HeatmapScreen
 from console.screens.help import HelpScreen, key_help
 from console.screens.overview import OverviewScreen
+from console.screens.policies import PoliciesScreen
 from console.screens.registry import SCREEN_BINDINGS, SCREENS
 from console.screens.slack import SlackScreen
 from console.screens.steps import StepsScreen
+from console.screens.whatif import WhatIfScreen
 from console.sql import Database
 from console.themes import THEMES
+from console.whatif import WHATIF_COMMAND
 
 Clock = Callable[[], int]
 """Wall-clock nanoseconds (``time.time_ns``), injectable for tests."""
@@ -81,6 +84,7 @@ class ConsoleApp(App[int]):
         database: Database | None = None,
         playback: Playback | None = None,
         theme: str | None = None,
+        whatif_command: Sequence[str] = WHATIF_COMMAND,
     ) -> None:
         super().__init__()
         for custom in THEMES:
@@ -98,6 +102,8 @@ class ConsoleApp(App[int]):
         """How control requests verify ``wss://`` agents (``--ca-file``; None: the system's trust store)."""
         self.database = database
         """What the SQL screen queries: the replayed file, or the console's own recording (None: neither)."""
+        self.whatif_command = tuple(whatif_command)
+        """What the What-if screen runs, before its arguments (``python -m agent.cli whatif``)."""
         self.refresh_s = refresh_s
         self.exit_after_s = exit_after_s
         self.clock = clock
@@ -246,6 +252,13 @@ class ConsoleApp(App[int]):
             unit_id = min(node.units)
         if unit_id is not None and isinstance(screen, StepsScreen | SlackScreen):
             screen.select_unit(message.node_id, unit_id)
+
+    async def on_what_if_screen_apply_requested(self, message: WhatIfScreen.ApplyRequested) -> None:
+        """The What-if screen's recommendation goes through the Policies screen: dry run, confirm, apply."""
+        await self.action_show_mode("policies")
+        screen = self.screen
+        if isinstance(screen, PoliciesScreen):
+            screen.propose(message.change)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """The command palette: the app's own commands, then the console's actions (the same methods as keys)."""

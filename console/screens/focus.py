@@ -1,5 +1,5 @@
 """Keys that never trap: ``escape`` leaves whatever editor or input has the focus, so the console's single-key
-bindings (the screen keys ``1``-``7``, ``q``, ``?``, the replay's keys) work again.
+bindings (the screen keys ``1``-``8``, ``q``, ``?``, the replay's keys) work again.
 
 A widget that takes text (a :class:`~textual.widgets.TextArea` such as the SQL editor, an
 :class:`~textual.widgets.Input`) consumes the printable keys while it has the focus, and Textual then leaves those
@@ -24,7 +24,7 @@ LEAVE_INPUT_BINDING: Final = Binding(
     "leave_input",
     "Leave editor",
     id="console.leave_input",
-    tooltip="Move the focus out of the editor or input, so the screen keys (1-7, q, ?) work again; tab goes back",
+    tooltip="Move the focus out of the editor or input, so the screen keys (1-8, q, ?) work again; tab goes back",
 )
 """Shown in the footer only while an editor or input has the focus (remappable: ``--key console.leave_input=...``)."""
 

@@ -236,6 +236,17 @@ class PoliciesScreen(StateScreen):
         self._say(f"dry run: {change.describe()} ...", error=False)
         self._send(change.node_id, DryRun(change=change.request()), change)
 
+    def propose(self, change: PolicyChange) -> None:
+        """Send ``change``, made elsewhere (the What-if screen's recommendation), as an edit is sent: a dry run, then
+        the confirmation with the agent's diff, then the change itself; refused with the reason as an edit is."""
+        node = self._state.nodes.get(change.node_id) if self._state is not None else None
+        refusal = self.refusal(node)
+        if node is None or refusal is not None or self.in_flight:
+            busy = "a request is in flight" if self.in_flight else f"no node {change.node_id}"
+            self._say(f"not sent: {refusal or busy}", error=True)
+            return
+        self._edited(change)
+
     def action_set_mode(self, verb: str) -> None:
         row, node = self._selected()
         if row is None or node is None or row.unit_id is None or not self._allowed_now("set_mode", (verb,)):

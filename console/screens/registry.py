@@ -1,4 +1,4 @@
-"""The console's seven screens, declared once: the app builds its modes, titles, screen keys and palette entries
+"""The console's eight screens, declared once: the app builds its modes, titles, screen keys and palette entries
 from :data:`SCREENS`.
 
 Each screen is a mode (``App.MODES``) named by :attr:`ScreenSpec.name`; its key switches to it, under the stable
@@ -21,6 +21,7 @@ from console.screens.slack import SlackScreen
 from console.screens.sql import SqlScreen
 from console.screens.stages import StagesScreen
 from console.screens.steps import StepsScreen
+from console.screens.whatif import WhatIfScreen
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +100,18 @@ SCREENS: Final[tuple[ScreenSpec, ...]] = (
         "Read-only SQL on the console's DuckDB (the replay or its own recording); export to CSV/Parquet",
         SqlScreen,
     ),
+    ScreenSpec(
+        "whatif",
+        "What-if",
+        "8",
+        "A window of a node's history replayed under other batch policies: ranked, with fidelity; apply the best",
+        WhatIfScreen,
+    ),
 )
 """The screens in the order of their keys; the first is the console's default mode."""
 
 SCREEN_KEYS: Final = Binding.Group("screens", compact=True)
-"""The seven screen keys share one footer entry (``1234567 screens``; the current one dimmed), so the footer fits
+"""The eight screen keys share one footer entry (``12345678 screens``; the current one dimmed), so the footer fits
 80 columns; the help screen and the command palette still name each screen."""
 
 SCREEN_BINDINGS: Final[list[Binding]] = [

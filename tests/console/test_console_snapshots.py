@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ from console.app import MODE_TITLES, ConsoleApp
 from console.feeds import ReplayFeed
 from console.screens.help import HelpScreen
 from console.screens.sql import SqlScreen
+from console.screens.whatif import WhatIfScreen
 from console.sql import ReplayDatabase
 from console.widgets import HeatmapView
 
@@ -46,6 +48,8 @@ SMALL: Final = (80, 24)
 QUERY_TIME_S: Final = 0.0123
 """What the SQL screen says its query took (the real time varies)."""
 MAX_SETTLE_TRIES: Final = 100
+WHATIF_FAKE: Final = Path(__file__).resolve().parents[1] / "whatif_fake.py"
+"""The What-if screen's stand-in child (fixed numbers, the real command's arguments and output)."""
 
 Drive = Callable[[Pilot[int]], Awaitable[None]]
 
@@ -162,6 +166,17 @@ async def sql_starter_query(pilot: Pilot[int]) -> None:
     await until(pilot, lambda: "12.3 ms" in text_of(screen.query_one("#sql-status", Static)), "the fixed time")
 
 
+async def whatif_result(pilot: Pilot[int]) -> None:
+    """A what-if of node-a's last 10 minutes (the whole file) run to its end, by the stand-in child."""
+    app = pilot.app
+    assert isinstance(app, ConsoleApp)
+    app.whatif_command = (sys.executable, str(WHATIF_FAKE), "switch")
+    screen = app.screen
+    assert isinstance(screen, WhatIfScreen)
+    await pilot.press("r")
+    await until(pilot, lambda: screen.job is None and screen.result is not None, "the what-if")
+
+
 SCREENS: Final[dict[str, tuple[str, Drive | None]]] = {
     "overview": ("1", select_second_unit),
     "heatmap": ("2", heatmap_cursor_back),
@@ -169,9 +184,10 @@ SCREENS: Final[dict[str, tuple[str, Drive | None]]] = {
     "slack": ("4", slack_second_request),
     "stages": ("5", None),
     "policies": ("6", select_second_unit),
+    "whatif": ("8", whatif_result),
     "sql": ("7", sql_starter_query),
 }
-"""Each screen: its key and what is done on it before the screenshot."""
+"""Each screen: its key and what is done on it before the screenshot (SQL last: its editor takes the keys after it)."""
 
 
 # -- one class per screen --------------------------------------------------------------------------------------------
@@ -222,6 +238,13 @@ class TestSql:
     def test_the_starter_query(self, store: Path, tmp_path: Path, size: tuple[int, int]) -> None:
         picture = check(store, tmp_path, "sql", size)
         assert "mean_step_ms" in "\n".join(picture.text)
+
+
+class TestWhatIf:
+    def test_a_finished_what_if(self, store: Path, tmp_path: Path) -> None:
+        picture = check(store, tmp_path, "whatif", WIDE)
+        text = "\n".join(picture.text)
+        assert "sarathi" in text and "+12.0%" in text and "recommendation: switch to sarathi" in text
 
 
 # -- layout at 80 and 200 columns ------------------------------------------------------------------------------------
