@@ -62,3 +62,20 @@ def test_the_examples_own_tests_pass() -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+def test_the_example_is_a_what_if_candidate(
+    example: PluginSandbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "agent" / "cli"))
+    try:
+        from test_calibrate import record_sim
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "agent" / "cli"))
+    db = record_sim(tmp_path / "t.duckdb", noise=False, workload="poisson:n=100,rate=20", units=2)
+    assert main(["whatif", "--db", str(db), "--profile", "h100-llama31-8b", "--compare", "short_first", "--dispatch",
+                 "least_tokens", "--jobs", "1", "--progress", "none", "--json", "-"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [(r["batch_policy"], r["dispatch"]) for r in runs] == [("vllm", "least_loaded"),
+                                                                  ("short_first", "least_tokens")]
+    assert runs[1]["summary"]["completed"] == 100
