@@ -28,6 +28,7 @@ from agent.bench.runner import TOPOLOGIES, BenchConfig, Fault, RunResult, run_on
 from agent.cli.calibrate import CALIBRATE_COMMANDS, add_calibrate_command
 from agent.cli.common import load_policy_plugins
 from agent.cli.node_config import NodeConfigError
+from agent.cli.regimes import REGIMES_COMMANDS, add_regimes_command
 from agent.cli.render import (
     policies_json,
     policies_text,
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_commands(sub)
     add_store_commands(sub)
     add_calibrate_command(sub)
+    add_regimes_command(sub)
     add_whatif_commands(sub)
     for name, text in UI_COMMANDS.items():
         sub.add_parser(name, help=text, add_help=False)
@@ -408,9 +410,9 @@ def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
 
 COMMANDS = {
     "bench": cmd_bench, "policies": cmd_policies, "profiles": cmd_profiles, **SERVE_COMMANDS, **STORE_COMMANDS,
-    **CALIBRATE_COMMANDS, **WHATIF_COMMANDS,
+    **CALIBRATE_COMMANDS, **WHATIF_COMMANDS, **REGIMES_COMMANDS,
 }
-PLUGIN_COMMANDS = ("bench", "policies", "agent", "whatif")
+PLUGIN_COMMANDS = ("bench", "policies", "agent", "whatif", "regimes")
 """Commands that resolve policy names: they register the installed policy plugins first (``agent.plugins``)."""
 USER_ERRORS: tuple[type[Exception], ...] = (
     CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError, *HANDLED_ERRORS,
