@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from rich.console import Console
 
+from agent.cli.common import utc_text
 from agent.engine.calibration import CALIBRATION_WORKLOADS, HOLDOUT_WORKLOADS, derive_profile, write_profile
 from agent.engine.profile_json import profile_from_json, profile_to_json
 from agent.engine.profile_records import Records
@@ -245,10 +246,6 @@ def _ints(values: list[int]) -> str:
     return ",".join(str(v) for v in values)
 
 
-def _utc(ns: int) -> str:
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _from_store(args: argparse.Namespace, name: str) -> Fitted:
     from store.queries import step_records  # DuckDB loads only here
     from store.schema import StoreError
@@ -281,7 +278,8 @@ def _from_store(args: argparse.Namespace, name: str) -> Fitted:
     capacity = int(cols["num_blocks"].min()) * args.block_size
     first, last = int(cols["time_ns"].min()), int(cols["time_ns"].max())
     auto = (
-        f"Recorded on node {node} (units {_ints(units)}) from {_utc(first)} to {_utc(last)} UTC, store {args.db.name}."
+        f"Recorded on node {node} (units {_ints(units)}) from {utc_text(first)} to {utc_text(last)} UTC, "
+        f"store {args.db.name}."
     )
     cal = profile_from_steps(
         cols,
@@ -291,7 +289,7 @@ def _from_store(args: argparse.Namespace, name: str) -> Fitted:
         model=args.model or "unknown",
         mode=args.mode or "unknown",
         source_files=(args.db.name,),
-        measured_date=_utc(first)[:10],
+        measured_date=utc_text(first)[:10],
         vllm_version=args.vllm_version,
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens or int(max(cols["budget_tokens"].max(), new.max())),

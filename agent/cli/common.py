@@ -1,9 +1,10 @@
-"""What the ``trackside agent``/``ctl``/``record`` commands share: the error they exit 2 with, ``HOST:PORT`` parsing,
-the agent's tokens, the policy plugins."""
+"""What the ``trackside`` commands share: the error they exit 2 with, ``HOST:PORT`` parsing, the agent's tokens, the
+policy plugins, comma-separated lists and UTC times in their output."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 
 from agent.plugins import PluginReport, load_plugins
@@ -34,6 +35,16 @@ def agent_tokens(args: argparse.Namespace) -> tuple[str, str]:
     if read and read == token:
         raise ServeError("--read-token-file holds the control token: give read-only clients a token of their own")
     return token, read
+
+
+def csv_items(text: str) -> list[str]:
+    """The non-empty items of a comma-separated list (``--compare vllm, sarathi,``: two), stripped."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def utc_text(ns: int) -> str:
+    """Wall-clock ns as ``2026-11-26 10:00:00`` (UTC), as the commands print times."""
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def load_policy_plugins() -> PluginReport:

@@ -26,7 +26,7 @@ from agent.bench.knee import KneeResult, KneeSearch, knee_sweep
 from agent.bench.report import offered_rps
 from agent.bench.runner import TOPOLOGIES, BenchConfig, Fault, RunResult, run_once, scale_arrivals
 from agent.cli.calibrate import CALIBRATE_COMMANDS, add_calibrate_command
-from agent.cli.common import load_policy_plugins
+from agent.cli.common import csv_items, load_policy_plugins
 from agent.cli.node_config import NodeConfigError
 from agent.cli.regimes import REGIMES_COMMANDS, add_regimes_command
 from agent.cli.render import (
@@ -55,10 +55,6 @@ EXIT_USAGE = 2
 
 class CliError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
-
-
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,8 +216,8 @@ def _faults(texts: Sequence[str]) -> list[Fault]:
 def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
     if args.units < 1:
         raise CliError("--units must be >= 1")
-    batch_policies = _csv(args.compare) if args.compare else [args.batch_policy]
-    dispatches = _csv(args.dispatch)
+    batch_policies = csv_items(args.compare) if args.compare else [args.batch_policy]
+    dispatches = csv_items(args.dispatch)
     if not batch_policies or not dispatches:
         raise CliError("name at least one batch policy and one dispatch policy")
     for name in batch_policies:
@@ -236,7 +232,7 @@ def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
         if key.strip() != "time-scale" or not sep:
             raise CliError(f"--sweep takes time-scale=V1,V2,... or knee (got {args.sweep!r})")
         try:
-            scales = [float(v) for v in _csv(values)]
+            scales = [float(v) for v in csv_items(values)]
         except ValueError:
             raise CliError(f"--sweep: time scales must be numbers (got {values!r})") from None
         if not scales or min(scales) <= 0:

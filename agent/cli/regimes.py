@@ -38,6 +38,7 @@ from agent.bench.regimes import (
     regime_map,
 )
 from agent.bench.runner import BenchConfig
+from agent.cli.common import csv_items
 from agent.cli.regimes_render import heatmap_png, terminal_map
 from agent.engine.profiles import UnknownProfileError, load_profile
 from agent.workload.spec import parse_workload
@@ -94,10 +95,6 @@ def add_regimes_command(subparsers: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
 def _workload(args: argparse.Namespace) -> tuple[list[RequestSpec], str]:
     if args.limit is not None and args.limit < 2:
         raise RegimeError("--limit must be >= 2")
@@ -138,7 +135,7 @@ def _base(args: argparse.Namespace, policies: tuple[str, ...]) -> BenchConfig:
 
 
 def _policies(args: argparse.Namespace) -> tuple[str, ...]:
-    names = _csv(args.policies) if args.policies is not None else list(BATCH_POLICIES)
+    names = csv_items(args.policies) if args.policies is not None else list(BATCH_POLICIES)
     unknown = [n for n in names if n not in BATCH_POLICIES]
     if unknown or not names:
         raise RegimeError(f"unknown batch policy {', '.join(map(repr, unknown)) or '(none named)'} "

@@ -25,7 +25,7 @@ from websockets.exceptions import InvalidURI, WebSocketException
 
 from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
 from agent.cli.agent_vllm import VLLM_ONLY, add_vllm_options, cmd_agent_vllm
-from agent.cli.common import ServeError, agent_tokens, load_policy_plugins, parse_listen
+from agent.cli.common import ServeError, agent_tokens, csv_items, load_policy_plugins, parse_listen
 from agent.cli.connections import add_connection_options, connection_limits
 from agent.cli.node_config import NodeConfigError, expand_node_config
 from agent.engine.profiles import load_profile
@@ -446,8 +446,8 @@ def advisor_settings(args: argparse.Namespace, token: str) -> AdvisorSettings | 
     if not (args.advise_min_gain >= 0 and 0 < args.rollback_drop <= 1):
         raise ServeError("--advise-min-gain must be >= 0 and --rollback-drop in (0, 1]")
     load_policy_plugins()
-    compare = tuple(x.strip() for x in (args.advise_compare or "").split(",") if x.strip())
-    dispatch = tuple(x.strip() for x in (args.advise_dispatch or "").split(",") if x.strip())
+    compare = tuple(csv_items(args.advise_compare or ""))
+    dispatch = tuple(csv_items(args.advise_dispatch or ""))
     for name in compare:
         batch_policy_class(name)
     for name in dispatch:

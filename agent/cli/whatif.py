@@ -46,6 +46,7 @@ from agent.bench.whatif import (
     whatif_report,
 )
 from agent.cli.calibrate import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS, parse_when
+from agent.cli.common import csv_items, utc_text
 from agent.engine.base import RequestOutcome
 from agent.engine.profile_json import profile_to_json
 from agent.engine.profiles import UnknownProfileError, load_profile
@@ -66,10 +67,6 @@ EXIT_USAGE = 2
 
 class WhatIfError(Exception):
     """A problem with the input: printed as one line, exit status 2."""
-
-
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _window_args(p: argparse.ArgumentParser) -> None:
@@ -236,8 +233,8 @@ def fit_window_profile(db: Db, window: RecordedWindow, out_dir: Path) -> tuple[s
 
 
 def candidates_of(args: argparse.Namespace, running: BenchConfig) -> list[Candidate]:
-    names = _csv(args.compare) if args.compare else [n for n in BATCH_POLICIES]
-    dispatches = _csv(args.dispatch) if args.dispatch else [running.dispatch]
+    names = csv_items(args.compare) if args.compare else [n for n in BATCH_POLICIES]
+    dispatches = csv_items(args.dispatch) if args.dispatch else [running.dispatch]
     if not names or not dispatches:
         raise WhatIfError("--compare and --dispatch need at least one policy name")
     for name in names:
@@ -338,8 +335,8 @@ def _ms(x: float | None) -> str:
 
 def render_whatif(console: Console, report: dict[str, Any]) -> None:
     w, rec = report["window"], report["recorded"]
-    console.print(f"node {w['node_id']}: {w['requests']:,} requests from {_utc(w['start_ns'])} to {_utc(w['end_ns'])} "
-                  f"UTC; profile {report['profile']['name']} ({report['profile']['source']})")
+    console.print(f"node {w['node_id']}: {w['requests']:,} requests from {utc_text(w['start_ns'])} to "
+                  f"{utc_text(w['end_ns'])} UTC; profile {report['profile']['name']} ({report['profile']['source']})")
     dispatches = {run["dispatch"] for run in report["runs"]}
     one = next(iter(dispatches)) if len(dispatches) == 1 else None
     table = Table(title="What-if: ranked by effective RPS = offered x SLO attainment"
@@ -371,12 +368,6 @@ def render_whatif(console: Console, report: dict[str, Any]) -> None:
     verdict = ("[bold green]switch[/] to " + f"{r['batch_policy']} + {r['dispatch']}" if r["action"] == "switch"
                else "[bold]keep[/] " + f"{r['batch_policy']} + {r['dispatch']}")
     console.print(f"recommendation: {verdict}: {r['reason']}")
-
-
-def _utc(ns: int) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 # -- --apply ------------------------------------------------------------------------------------------------------

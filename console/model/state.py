@@ -403,8 +403,8 @@ class ConsoleState:
 
     def _on_audit(self, event: ControlAudit, node: NodeInfo) -> None:
         self.audits.append(event)
-        if event.result != "applied" or event.action == "post_alert":
-            return  # a posted alert changes no setting: it comes as an alert event of its own
+        if event.result != "applied" or not event.new:
+            return  # nothing changed (a posted alert has no settings: it comes as an alert event of its own)
         for setting in event.new:
             if setting.unit_id is None:
                 if event.action == "set_dispatch_policy":
