@@ -15,9 +15,10 @@ from agent.engine.vllm.unit import ENGINE_HANG_S, VllmUnit
 from agent.runtime.vllm.requests import RequestStream
 
 
-def fake_unit(unit_id: int, hang_s: float | None = ENGINE_HANG_S) -> VllmUnit:
-    """A unit of the tiny model on the fake executor (2 ms steps), room for 128 requests (not started)."""
-    config = cpu_vllm_config(num_blocks=2000, max_num_seqs=128, step_model=(0.002, 2e-6, 1e-8))
+def fake_unit(unit_id: int, hang_s: float | None = ENGINE_HANG_S, tokenizer: bool = False) -> VllmUnit:
+    """A unit of the tiny model on the fake executor (2 ms steps), room for 128 requests (not started);
+    ``tokenizer``: with the tiny model's tokenizer (text prompts through the OpenAI app)."""
+    config = cpu_vllm_config(num_blocks=2000, max_num_seqs=128, step_model=(0.002, 2e-6, 1e-8), tokenizer=tokenizer)
     return VllmUnit(unit_id, EngineOptions(model="tiny", max_num_batched_tokens=512, max_num_seqs=128),
                     UnitSettings(policy="vllm"), vllm_config=config, executor_class=FakeExecutor, hang_s=hang_s)
 

@@ -9,7 +9,8 @@ detokenizer may then show only with the next token). Ids:
 * 0-6: ``<unk>``, ``<s>`` (BOS), ``</s>`` (EOS), ``<|system|>``, ``<|user|>``, ``<|assistant|>``, ``<|end|>``
   (special: the chat template's role markers);
 * 7: `` ok`` (what the fake executor says);
-* then the 256 byte symbols of the byte-level alphabet, then merges of letter pairs up to ``vocab_size``.
+* then the 256 byte symbols of the byte-level alphabet, then merges of letters (pairs, then triples and
+  quadruples for a large vocabulary) up to ``vocab_size``.
 
 Files written (what ``transformers.AutoTokenizer`` reads): ``tokenizer.json``, ``tokenizer_config.json``
 (with :data:`CHAT_TEMPLATE`) and ``special_tokens_map.json``. The result depends on nothing but
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import string
+from collections.abc import Iterator
 from pathlib import Path
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
@@ -41,6 +43,23 @@ def _byte_symbols() -> list[str]:
     return sorted(ByteLevel.alphabet())
 
 
+def _merge_candidates(space: str) -> Iterator[tuple[str, str]]:
+    """Merges in the order they enter the vocabulary: `` a``, ``ab``, `` ab``, then three and four letters.
+
+    The first three groups fill the tiny model's vocabulary (about 1,600 ids); the longer ones are there so a
+    real model's vocabulary (Llama 3's 128,256 ids) can be filled too, e.g. to serve such a model with dummy
+    weights and text prompts on a GPU machine that has no tokenizer files. Each merge's parts are already in
+    the vocabulary when it comes.
+    """
+    letters = string.ascii_lowercase
+    yield from ((space, a) for a in letters)
+    yield from ((a, b) for a in letters for b in letters)
+    yield from ((space + a, b) for a in letters for b in letters)
+    yield from ((a + b, c) for a in letters for b in letters for c in letters)
+    yield from ((space + a + b, c) for a in letters for b in letters for c in letters)
+    yield from ((a + b + c, d) for a in letters for b in letters for c in letters for d in letters)
+
+
 def tokenizer_json(vocab_size: int) -> str:
     """``tokenizer.json`` of the tokenizer (see the module's docstring)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -53,10 +72,7 @@ def tokenizer_json(vocab_size: int) -> str:
         vocab.setdefault(symbol, len(vocab))
     merges: list[tuple[str, str]] = [(space, "o"), (space + "o", "k")]
     vocab.setdefault(space + "o", len(vocab))
-    letters = string.ascii_lowercase
-    candidates = [(space, a) for a in letters] + [(a, b) for a in letters for b in letters]
-    candidates += [(space + a, b) for a in letters for b in letters]
-    for left, right in candidates:
+    for left, right in _merge_candidates(space):
         if len(vocab) >= vocab_size:
             break
         token = left + right
@@ -91,3 +107,22 @@ def write_tokenizer(folder: str | Path, vocab_size: int, max_length: int) -> Non
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length, "add_bos_token": False,
         "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE, **specials,
     }))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agent.engine.vllm.tiny_tokenizer MODEL_DIR``: write the tokenizer beside a ``config.json``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("model_dir", help="a folder with a model's config.json (its vocab_size is filled)")
+    ap.add_argument("--max-length", type=int, default=0, help="model_max_length (default: the config's)")
+    args = ap.parse_args(argv)
+    config = json.loads((Path(args.model_dir) / "config.json").read_text())
+    max_length = args.max_length or int(config.get("max_position_embeddings", 16384))
+    write_tokenizer(args.model_dir, int(config["vocab_size"]), max_length)
+    print(f"tokenizer of {config['vocab_size']} ids written to {args.model_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -213,6 +213,10 @@ class VllmUnit:
         self._watchdog = self._reader = None
         old, self.llm = self.llm, None
         if old is not None:
+            # vLLM's shutdown also shuts its renderer (the tokenizer's thread pool), which the OpenAI front end
+            # shares (RoutedEngineClient takes the first unit's): keep it, the front end still tokenizes with it.
+            # An unshared renderer is simply dropped (its idle threads end when it is collected).
+            old.renderer = None
             await asyncio.to_thread(old.shutdown)
         if self._control is not None:
             self._control.close()

@@ -103,7 +103,7 @@ def test_killed_engine_core_fails_its_unit_and_its_requests_go_on() -> None:
 
 def test_failed_unit_restarts_with_backoff_and_rejoins() -> None:
     async def main() -> None:
-        units = [fake_unit(i) for i in range(2)]
+        units = [fake_unit(i, tokenizer=True) for i in range(2)]
         for u in units:
             u.start()
         cluster = VllmCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0,
@@ -111,6 +111,8 @@ def test_failed_unit_restarts_with_backoff_and_rejoins() -> None:
         node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
         hub = Hub(node, node_id="test-node", profile="cpu")
         hub.attach()
+        app = await build_app(cluster)  # its renderer (tokenizer) is unit 0's: the unit that dies here
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent")
         cluster.start()
         try:
             old_pid = units[0].engine_pid
@@ -132,7 +134,14 @@ def test_failed_unit_restarts_with_backoff_and_rejoins() -> None:
             assert {(await s.wait()).unit_id for s in after} == {0, 1}
             codes = [e.code for e in hub.replay.since(0).events if isinstance(e, Alert) and e.unit_id == 0]
             assert codes == [AlertCode.UNIT_FAILED, AlertCode.UNIT_RESTARTED]
+            # Text still goes through vLLM's front end: the dead engine's shutdown left the app's renderer alone.
+            for i in range(4):
+                r = await http.post("/v1/completions", json={"model": "tiny", "prompt": f"hi there {i}",
+                                                             "max_tokens": 4, "ignore_eos": True})
+                assert r.status_code == 200, r.text
+                assert r.json()["usage"]["completion_tokens"] == 4
         finally:
+            await http.aclose()
             await cluster.close()
             for u in units:
                 await u.stop()
