@@ -25,6 +25,7 @@ from agent.engine.vllm.options import EngineOptions
 from agent.engine.vllm.placement import UnitPlacement
 from agent.engine.vllm.plan import FAKE_MODEL
 from agent.engine.vllm.unit import ENGINE_HANG_S, VllmUnit
+from agent.runtime.gc_control import freeze_startup_heap
 from agent.runtime.port import LiveNode
 from agent.runtime.vllm.cluster import PENDING_TIMEOUT_S, VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode
@@ -169,6 +170,7 @@ async def run_agent(
                                       frontend_args=frontend_tokens(config.openai_args), metrics=hub.metrics_text)
                 await openai.start()
                 print(f"trackside agent: OpenAI API at {openai.base_url}", file=out, flush=True)
+            freeze_startup_heap()  # engines, app and telemetry are up: nothing below traverses them again
             waits = [asyncio.create_task(stop.wait())]
             if openai is None:
                 waits.append(asyncio.create_task(server.workload_done.wait()))

@@ -49,6 +49,10 @@ class Routed(Protocol):
 
     def __aiter__(self) -> AsyncIterator[TokenDelta]: ...
 
+    def ready(self) -> list[TokenDelta]:
+        """The deltas that came since the last one iterated, taken without waiting (the end stays queued)."""
+        ...
+
     def abort(self) -> bool: ...
 
 
@@ -190,19 +194,33 @@ class RoutedEngineClient(EngineClient):  # type: ignore[misc]
         merged: RequestOutput | None = None
         cached: int | None = None
         finished = False
+        first = True
+
+        def output(delta: TokenDelta) -> RequestOutput:
+            nonlocal cached, first
+            raw = delta.output
+            if isinstance(raw, RequestOutput):
+                out = RequestOutput(request_id, text, ids, raw.prompt_logprobs if first else None,
+                                    list(raw.outputs), raw.finished,
+                                    num_cached_tokens=cached if cached is not None else raw.num_cached_tokens)
+            else:
+                out = _final_delta(request_id, text, ids, delta, sampling_params)
+            if cached is None:
+                cached = out.num_cached_tokens
+            first = False
+            out.finished = delta.finish_reason is not None
+            return out
+
         try:
             async for delta in self._deltas(routed):
-                raw = delta.output
-                if isinstance(raw, RequestOutput):
-                    out = RequestOutput(request_id, text, ids, raw.prompt_logprobs if merged is None else None,
-                                        list(raw.outputs), raw.finished,
-                                        num_cached_tokens=cached if cached is not None else raw.num_cached_tokens)
-                else:
-                    out = _final_delta(request_id, text, ids, delta, sampling_params)
-                if cached is None:
-                    cached = out.num_cached_tokens
-                finished = out.finished = delta.finish_reason is not None
+                out = output(delta)
+                finished = out.finished
                 if kind == RequestOutputKind.DELTA:
+                    # Deltas that queued up while the app was busy go out as one, as vLLM's own output collector
+                    # merges them for a consumer that fell behind: fewer chunks to render and send under load.
+                    for more in routed.ready() if not finished else ():
+                        out.add(output(more), aggregate=True)
+                        finished = out.finished = more.finish_reason is not None
                     yield out
                     continue
                 if merged is None:

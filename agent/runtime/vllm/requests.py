@@ -113,6 +113,20 @@ class RequestStream:
         assert isinstance(item, TokenDelta)
         return item
 
+    def ready(self) -> list[TokenDelta]:
+        """The deltas queued since the last one iterated, without waiting; the end of the stream (and an error)
+        stays queued for the next ``__anext__``."""
+        queue = self._queue
+        out: list[TokenDelta] = []
+        while queue is not None and not queue.empty():
+            item = queue.get_nowait()
+            if item is _END:  # the last item there is: put back, the queue is [end] again
+                queue.put_nowait(_END)
+                break
+            assert isinstance(item, TokenDelta)
+            out.append(item)
+        return out
+
     async def wait(self) -> RequestOutcome:
         """The outcome once the request finished; raises what iteration would raise."""
         await self._done.wait()

@@ -40,6 +40,22 @@ def test_the_tiny_tokenizer_fills_the_vocabulary_and_round_trips(tmp_path: Path)
         tokenizer_json(100)
 
 
+def test_the_tokenizer_fills_a_real_models_vocabulary_from_its_config(tmp_path: Path) -> None:
+    # What a GPU machine without tokenizer files uses to serve Llama 3 with dummy weights and text prompts.
+    from transformers import AutoTokenizer
+
+    from agent.engine.vllm.tiny_tokenizer import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 128_256, "max_position_embeddings": 8192}))
+    assert main([str(tmp_path)]) == 0
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(tok) == 128_256 and tok.model_max_length == 8192
+    assert tok.decode(tok.encode("the quick brown fox")) == "the quick brown fox"
+    assert tok.encode(" ok") == [7]  # the small vocabulary's ids are unchanged
+    assert json.loads(tokenizer_json(1024))["model"]["merges"] == \
+        json.loads(tokenizer_json(128_256))["model"]["merges"][:len(json.loads(tokenizer_json(1024))["model"]["merges"])]
+
+
 def test_slos_come_from_vllm_xargs_in_milliseconds() -> None:
     params = SamplingParams(max_tokens=4, extra_args={"ttft_slo_ms": 250, "tpot_slo_ms": "40"})
     assert request_slos(params) == {"ttft_slo_s": 0.25, "tpot_slo_s": 0.04}
@@ -66,19 +82,28 @@ def test_openai_args_become_vllm_serve_flags() -> None:
 
 
 class _Routed:
-    """A stand-in for the cluster's request stream: yields given deltas, records an abort."""
+    """A stand-in for the cluster's request stream: yields given deltas, records an abort; ``burst``: how many
+    more deltas :meth:`ready` finds queued after each one iterated (a consumer that fell behind)."""
 
-    def __init__(self, request_id: str, deltas: list[TokenDelta]) -> None:
+    def __init__(self, request_id: str, deltas: list[TokenDelta], burst: int = 0) -> None:
         self.request_id = request_id
         self.deltas = deltas
+        self.burst = burst
+        self.next = 0
         self.aborted = False
 
     async def _gen(self) -> AsyncIterator[TokenDelta]:
-        for d in self.deltas:
-            yield d
+        while self.next < len(self.deltas):
+            self.next += 1
+            yield self.deltas[self.next - 1]
 
     def __aiter__(self) -> AsyncIterator[TokenDelta]:
         return self._gen()
+
+    def ready(self) -> list[TokenDelta]:
+        out = self.deltas[self.next:self.next + self.burst]
+        self.next += len(out)
+        return out
 
     def abort(self) -> bool:
         self.aborted = True
@@ -97,11 +122,11 @@ def _delta(ids: list[int], text: str, finish: str | None = None, *, prompt: list
     return TokenDelta(tuple(ids), text, finish, None, out)
 
 
-def _client(deltas: list[TokenDelta], serving: int = 1) -> tuple[RoutedEngineClient, list[Any]]:
+def _client(deltas: list[TokenDelta], serving: int = 1, burst: int = 0) -> tuple[RoutedEngineClient, list[Any]]:
     calls: list[Any] = []
 
     def submit(request_id: str, ids: list[int], params: SamplingParams, **kw: Any) -> _Routed:
-        routed = _Routed(request_id, deltas)
+        routed = _Routed(request_id, deltas, burst)
         calls.append((request_id, ids, params, kw, routed))
         return routed
 
@@ -124,6 +149,44 @@ def test_deltas_are_forwarded_with_the_original_request_and_prompt() -> None:
     (rid, ids, _, kw, routed) = calls[0]
     assert rid == "req-1" and ids == [5, 6, 7] and kw["ttft_slo_s"] == 0.1 and kw["tpot_slo_s"] is None
     assert not routed.aborted  # it finished
+
+
+def test_deltas_that_queued_up_go_out_as_one_output() -> None:
+    # The app fell behind: after the first delta, two more (the last one finishing) are already queued.
+    def deltas() -> list[TokenDelta]:  # fresh each time: a unit's outputs are consumed (merged into) once
+        return [_delta([7], " ok", prompt=[5, 6, 7]), _delta([8], " a", prompt=[5, 6, 7]),
+                _delta([9], " b", "length", prompt=[5, 6, 7]), _delta([7], " ok", prompt=[5, 6, 7])]
+
+    client, _ = _client(deltas()[:3], burst=2)
+    outs = asyncio.run(_collect(client, SamplingParams(max_tokens=3, output_kind=RequestOutputKind.DELTA)))
+    assert len(outs) == 1 and outs[0].finished and outs[0].outputs[0].finish_reason == "length"
+    assert list(outs[0].outputs[0].token_ids) == [7, 8, 9] and outs[0].outputs[0].text == " ok a b"
+    d = deltas()
+    client, _ = _client(d[:2] + d[3:] + d[2:3], burst=1)  # two outputs of two deltas each
+    outs = asyncio.run(_collect(client, SamplingParams(max_tokens=4, output_kind=RequestOutputKind.DELTA)))
+    assert [list(o.outputs[0].token_ids) for o in outs] == [[7, 8], [7, 9]] and [o.finished for o in outs] == [
+        False, True]
+
+
+def test_the_cluster_stream_hands_over_queued_deltas_and_keeps_its_end() -> None:
+    from agent.runtime.vllm.requests import ClusterRequest, RequestStream
+
+    async def main() -> None:
+        stream = RequestStream(ClusterRequest("r", [1, 2], 3), None, collect=True)  # type: ignore[arg-type]
+        assert stream.ready() == []
+        deltas = [TokenDelta((7,), " ok", None, None), TokenDelta((8,), " a", None, None),
+                  TokenDelta((9,), " b", "length", None)]
+        for d in deltas:
+            stream._push(d)
+        assert await stream.__anext__() == deltas[0]
+        assert stream.ready() == deltas[1:] and stream.ready() == []
+        stream._finish(None, None)
+        assert stream.ready() == []  # the end stays queued: iteration ends after it
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+        assert stream.output_token_ids == [7, 8, 9]
+
+    asyncio.run(main())
 
 
 def test_final_only_output_is_merged_by_vllm_and_a_lost_finish_is_made_up() -> None:

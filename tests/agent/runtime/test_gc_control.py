@@ -10,7 +10,7 @@ import pytest
 from node_builders import make_unit, requests
 
 from agent.runtime.clock import VirtualClock, WallClock
-from agent.runtime.gc_control import GcController, GcReason, GcSettings
+from agent.runtime.gc_control import GcController, GcReason, GcSettings, freeze_startup_heap
 from agent.runtime.node import Node
 from policies.registry import make_dispatch_policy
 
@@ -316,3 +316,22 @@ def test_node_run_with_a_virtual_clock_never_sees_a_quiet_period() -> None:
     assert node.done and node.num_finished == 4
     assert ctl.gaps and set(ctl.gaps) == {0.0}
     assert stats["num_collections"]["quiet_full"] == 0
+
+
+def test_the_startup_heap_is_frozen_once_collected() -> None:
+    # What the vLLM agent does once its engines and app are up (vLLM's own server does the same).
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    Cycle()  # garbage in a cycle: collected, not frozen
+    kept = [object() for _ in range(10)]
+    gc.unfreeze()
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() > len(kept)
+        assert not any(isinstance(o, Cycle) for o in gc.get_objects())
+        assert gc.get_count()[0] < 50 and len(gc.get_objects(generation=2)) < gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
+
