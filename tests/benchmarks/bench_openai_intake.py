@@ -1,6 +1,6 @@
 """The OpenAI intake's own cost: trackside's front end against vLLM's, on the CPU (needs the vllm extra).
 
-    python tests/benchmarks/bench_openai_intake.py [--rounds 3] [--prompts 1500] [--concurrency 64]
+    python tests/benchmarks/bench_openai_intake.py [--rounds 3] [--prompts 1500] [--concurrency 64] [--rate R]
 
 On the H200 (docs/vllm.md, 2026-11-26) the agent's OpenAI intake reached 0.854 of plain ``vllm serve``'s saturated
 output throughput while our scheduler alone, without the HTTP front end, reached 0.991: the gap is in the agent's
@@ -69,6 +69,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64, help="also max_num_seqs on both sides")
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--rate", default="inf", help="requests/s (Poisson); default inf: saturating")
     ap.add_argument("--plain-scheduler", choices=("vllm", "trackside"), default="vllm",
                     help="the plain side's scheduler: vLLM's (what vllm serve runs) or ours with the vllm policy "
                          "(then the ratio is the front end's alone)")
@@ -102,7 +103,7 @@ def main() -> int:
             try:
                 wait_healthy(f"http://127.0.0.1:{ports[side]}/health", proc, 300)
                 summary = bench(run, bench_args, f"http://127.0.0.1:{ports[side]}", tokenizer, f"{side}-{r}",
-                                prompts=args.prompts, rate="inf", concurrency=args.concurrency,
+                                prompts=args.prompts, rate=args.rate, concurrency=args.concurrency,
                                 input_len=args.input_len, output_len=args.output_len)
             finally:
                 stop(proc)
@@ -110,11 +111,12 @@ def main() -> int:
             if summary.get("completed") != args.prompts:
                 raise SystemExit(f"{side} round {r}: {summary}")
             results[side].append(summary)
-    print(f"\n{'side':<10} {'round':>5} {'out tok/s':>10} {'TTFT p50 ms':>12} {'TPOT p50 ms':>12}")
+    print(f"\n{'side':<10} {'round':>5} {'out tok/s':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} "
+          f"{'TPOT p50 ms':>12}")
     for side, runs in results.items():
         for r, s in enumerate(runs):
             print(f"{side:<10} {r:>5} {s['output_throughput']:>10.0f} {s['median_ttft_ms']:>12.1f} "
-                  f"{s['median_tpot_ms']:>12.2f}")
+                  f"{s['p99_ttft_ms']:>12.1f} {s['median_tpot_ms']:>12.2f}")
     med = {side: statistics.median(s["output_throughput"] for s in runs) for side, runs in results.items()}
     print(f"\nmedian output tok/s: plain {med['plain']:.0f}, trackside {med['trackside']:.0f}, "
           f"ratio {med['trackside'] / med['plain']:.3f}")
