@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,8 +76,9 @@ def _q(xs: Sequence[float], q: float) -> float | None:
 
 async def run_workload(units: Sequence[VllmUnit], dispatcher: DispatchPolicy, requests: Sequence[RequestSpec], *,
                        ttft_slo_s: float, tpot_slo_s: float, vocab: int = 32000, seed: int = 0,
-                       progress: bool = False) -> RunResult:
-    """Replay ``requests`` (arrival times relative to now) through ``units``; returns when all are done."""
+                       progress: bool = False, refuses: Callable[[int, int], bool] | None = None) -> RunResult:
+    """Replay ``requests`` (arrival times relative to now) through ``units``; returns when all are done.
+    ``refuses``: admission control at dispatch (``VllmCluster.refuses``: FairBatching+PAB's budget)."""
     first_record = {u.unit_id: len(u.records) for u in units}
     first_outcome = {u.unit_id: len(u.outcomes) for u in units}
     streams: list[RequestStream] = []
@@ -85,6 +86,7 @@ async def run_workload(units: Sequence[VllmUnit], dispatcher: DispatchPolicy, re
     prompts = {r.request_id: prompt_ids(r, vocab, seed) for r in requests}
     t0 = time.time()
     cluster = VllmCluster(units, dispatcher, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
+    cluster.refuses = refuses
 
     async def arrivals() -> None:
         for spec in sorted(requests, key=lambda r: r.arrival_s):

@@ -3,6 +3,7 @@
     python -m agent.bench.vllm_validate sync     --model-8b DIR --out DIR   # plain vs vllm policy, SLO runs
     python -m agent.bench.vllm_validate async    --model-8b DIR --out DIR   # the same throughput, async
     python -m agent.bench.vllm_validate dispatch --model-1b DIR --out DIR   # 2 units on one GPU
+    python -m agent.bench.vllm_validate papers   --model-8b DIR --out DIR   # seed 003's metrics (issue #19)
     python -m agent.bench.vllm_validate smoke --fake --out DIR              # the CPU path (fake executor)
 
 * ``sync``/``async``: the calibration's ShareGPT-like workload (1,000 requests at once, regenerated exactly
@@ -11,6 +12,8 @@
   bursty workload at about 70% of that capacity on the same engine with the ``vllm`` policy and with
   ``fairbatching`` (swapped live over the control channel), and keeps every step record for the simulator
   check (MAPE of the shipped profile's predictions against measured step times).
+* ``papers``: :func:`part_papers` (issue #19 item 11): the batch policies as seed 003 measures them, with the
+  simulator's prediction beside each run.
 * ``dispatch``: two engines of the 1B model on one GPU (``gpu_memory_utilization`` 0.4 each, started one
   after the other), FairBatching on both, a bursty workload replayed under ``least_loaded``, ``sbs`` and
   ``pab`` in turn on the same engines.
@@ -29,6 +32,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +223,101 @@ async def part_dispatch(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+PAPER_SLO = (2.0, 0.05)
+"""Seed 003's SLOs on the Azure traces (§5.1): TTFT 2,000 ms, TPOT 50 ms (the worst per-token TPOT)."""
+PAPER_POLICIES = ("vllm", "sarathi", "fairbatching", "fairbatching+pab")
+PAPER_TRACE = "examples/traces/azure_code_2023.csv"
+
+
+def _window(trace: str, n: int) -> list[RequestSpec]:
+    """The trace's first ``n`` requests, arrivals from 0, with the papers' SLOs."""
+    from agent.workload.traces import load_trace
+
+    reqs = load_trace(trace, limit=n)
+    t0 = min(r.arrival_s for r in reqs)
+    return [replace(r, arrival_s=r.arrival_s - t0, ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3)
+            for r in reqs]
+
+
+def paper_knee(window: list[RequestSpec], profile: str) -> tuple[float | None, dict[str, Any]]:
+    """The simulator's knee for one unit of ``profile`` on ``window`` (the best baseline's 90%-attainment load,
+    :mod:`agent.bench.knee`), and each baseline's."""
+    from agent.bench.knee import BASELINES, KneeSearch, find_knee
+    from agent.bench.runner import BenchConfig, run_once
+
+    knees: dict[str, Any] = {}
+    for policy in BASELINES:
+        config = BenchConfig(profile=profile, units=1, batch_policy=policy, dispatch="round_robin",
+                             ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3)
+        knees[policy], _ = find_knee(config, lambda c: run_once(c, window), KneeSearch())
+    found = [k for k in knees.values() if k is not None]
+    return (max(found) if found else None), knees
+
+
+async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
+    """Issue #19 item 11: FairBatching and +PAB against vLLM's default and Sarathi on one 8B engine, seed 003's
+    metrics (worst per-token TPOT, effective RPS) and SLOs (2,000/50 ms), the Azure code trace's first
+    ``--requests`` requests at ``--loads`` times the simulator's knee, each run next to the simulator's prediction
+    for the same requests (the 8B H100 profile: on another GPU the prediction is expected to differ by the GPUs'
+    speed, and the steps' MAPE says by how much)."""
+    from agent.bench.report import offered_rps
+    from agent.bench.runner import BenchConfig, run_once, scale_arrivals
+    from policies.registry import BATCH_POLICIES
+
+    window = _window(args.trace, args.requests)
+    knee, knees = paper_knee(window, PROFILES["8b"])
+    out: dict[str, Any] = {"runs": [], "trace": args.trace, "requests": len(window), "slo_s": PAPER_SLO,
+                           "sim_knee_rps": knee, "sim_knees_rps": knees, "async_scheduling": True}
+    _save(out)
+    if knee is None:
+        raise SystemExit(f"no knee in the simulator for this window: {knees}")
+    # Arrivals set the wall time: the window's span at each load, for each policy (plus drains, not counted).
+    span_s = max(r.arrival_s for r in window) * offered_rps([r.arrival_s for r in window])
+    estimate_s = sum(span_s / (knee * f) for f in args.loads) * len(args.policies)
+    out["estimate_s"] = round(estimate_s)
+    _save(out)
+    print(f"simulator's knee {knee:.3f} req/s ({knees}); the runs take about {estimate_s / 60:.1f} min", flush=True)
+    if estimate_s > args.max_minutes * 60:
+        raise SystemExit(f"about {estimate_s / 60:.1f} min of arrivals, over --max-minutes {args.max_minutes:g}: "
+                         "fewer --requests, --loads or --policies")
+    opts = EngineOptions(model=args.model_8b, load_format="dummy", gpu_memory_utilization=0.9,
+                         async_scheduling=True, enforce_eager=args.eager)
+    unit = VllmUnit(0, opts, UnitSettings(policy="vllm", coefficients=profile_coefs(PROFILES["8b"])),
+                    **_fake(args, 0))
+    _start(unit)
+    await _run([unit], "round_robin", warmup(), PAPER_SLO, "warmup")
+    max_len = int(unit.llm.model_config.max_model_len)
+    base_rps = offered_rps([r.arrival_s for r in window])
+    for factor in args.loads:
+        scale = base_rps / (knee * factor)
+        reqs = [r for r in scale_arrivals(window, scale) if r.prompt_tokens + r.output_tokens <= max_len]
+        for policy in args.policies:
+            mid = unit.send_control(SetPolicy(name=policy))
+            copy = BATCH_POLICIES[policy]()
+            refuses = (lambda uid, pt, c=copy: c.refuses_within(pt, unit.load().prefill_admission_budget)) \
+                if policy == "fairbatching+pab" else None
+            t = time.time()
+            res = await run_workload([unit], DISPATCH_POLICIES["round_robin"](), reqs, ttft_slo_s=PAPER_SLO[0],
+                                     tpot_slo_s=PAPER_SLO[1], vocab=VOCAB, progress=True, refuses=refuses)
+            s = res.summary()
+            offered = offered_rps([r.arrival_s for r in reqs])
+            s.update(label=f"papers-{policy}-x{factor:g}", batch_policy=policy, load_factor=factor,
+                     offered_rps=round(offered, 3), effective_rps=round(offered * s["slo_attainment"], 3))
+            reply = unit.control_replies.pop(mid, None)
+            s["policy_swap_ok"] = reply is not None and reply.ok
+            s["sim_check"] = mape(res.raw[0], profile_coefs(PROFILES["8b"]))
+            sim = run_once(BenchConfig(profile=PROFILES["8b"], units=1, batch_policy=policy, dispatch="round_robin",
+                                       ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3), reqs).summary
+            s["simulated"] = {k: sim.get(k) for k in ("slo_attainment", "effective_rps", "ttft_ms", "tpot_ms")}
+            print(f"[{s['label']}] attainment {s['slo_attainment']:.3f} (sim {sim.get('slo_attainment')}), "
+                  f"effective {s['effective_rps']:.2f} req/s, rejected {s['rejected']} ({time.time() - t:.0f}s)",
+                  flush=True)
+            out["runs"].append(s)
+            _save(out)
+    await unit.stop()
+    return out
+
+
 HISTORY = 500_000
 """Step records and outcomes each unit keeps: every one of a part's runs (the analysis reads them all)."""
 
@@ -246,7 +345,15 @@ async def part_smoke(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m agent.bench.vllm_validate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=("sync", "async", "slo", "dispatch", "smoke"))
+    ap.add_argument("part", choices=("sync", "async", "slo", "dispatch", "papers", "smoke"))
+    ap.add_argument("--trace", default=PAPER_TRACE, help="the papers part's trace")
+    ap.add_argument("--requests", type=int, default=200, help="the papers part: the trace's first N requests")
+    ap.add_argument("--loads", type=lambda t: [float(x) for x in t.split(",")], default=[0.9, 1.0, 1.15],
+                    help="the papers part: loads as multiples of the simulator's knee (comma-separated)")
+    ap.add_argument("--policies", type=lambda t: t.split(","), default=list(PAPER_POLICIES),
+                    help="the papers part: batch policies (comma-separated)")
+    ap.add_argument("--max-minutes", type=float, default=8.0,
+                    help="the papers part: refuse to start when the arrivals alone would take longer")
     ap.add_argument("--workload", default="bursty:rate=24,n=1000", help="the slo part's workload")
     ap.add_argument("--model-8b", default=os.path.abspath(".gpu/models/llama31-8b"))
     ap.add_argument("--model-1b", default=os.path.abspath(".gpu/models/llama32-1b"))
@@ -266,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(part_slo(args))
     elif args.part == "dispatch":
         result = asyncio.run(part_dispatch(args))
+    elif args.part == "papers":
+        result = asyncio.run(part_papers(args))
     else:
         args.fake = True
         result = asyncio.run(part_smoke(args))

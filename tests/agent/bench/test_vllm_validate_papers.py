@@ -1,0 +1,34 @@
+"""The ``papers`` part of the GPU validation (issue #19 item 11), the parts that run before any engine starts:
+the trace window with seed 003's SLOs, the simulator's knee and the refusal of a plan too long for a GPU slot."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from agent.bench.vllm_validate import PAPER_SLO, PAPER_TRACE, _window, main, paper_knee
+
+pytestmark = pytest.mark.vllm
+
+
+def test_the_window_starts_at_zero_with_the_papers_slos() -> None:
+    window = _window(PAPER_TRACE, 30)
+    assert len(window) == 30 and window[0].arrival_s == 0.0
+    assert all(a.arrival_s <= b.arrival_s for a, b in itertools.pairwise(window))
+    assert {(r.ttft_slo_ms, r.tpot_slo_ms) for r in window} == {(PAPER_SLO[0] * 1e3, PAPER_SLO[1] * 1e3)}
+
+
+def test_the_knee_is_the_best_baselines_and_a_plan_over_the_time_limit_is_refused(tmp_path: Path) -> None:
+    knee, knees = paper_knee(_window(PAPER_TRACE, 30), "h100-llama31-8b")
+    assert set(knees) == {"vllm", "sarathi"} and knee is not None
+    assert knee == max(k for k in knees.values() if k is not None)
+    # 30 requests at 4 policies and 3 loads around the knee: minutes of arrivals, refused before an engine starts.
+    with pytest.raises(SystemExit, match="over --max-minutes"):
+        main(["papers", "--requests", "30", "--max-minutes", "0.01", "--out", str(tmp_path)])
+    partial = json.loads((tmp_path / "papers.partial.json").read_text())
+    assert partial["sim_knee_rps"] == pytest.approx(knee) and partial["estimate_s"] > 0.6
