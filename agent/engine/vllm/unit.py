@@ -126,10 +126,11 @@ class StallClock:
         return now_s - self._since_s
 
 
-def record_from(msg: StepMessage) -> StepRecord:
-    """A step record from the scheduler's message (:mod:`agent.engine.vllm.scheduler`)."""
+def record_from(msg: StepMessage, step_base: int = 0) -> StepRecord:
+    """A step record from the scheduler's message (:mod:`agent.engine.vllm.scheduler`); ``step_base`` is added to
+    the engine's step id (a restarted engine counts from 0 again, the unit's records go on)."""
     return StepRecord(
-        unit_id=msg.unit_id, step_id=msg.step_id, start_s=msg.start_s, duration_s=msg.duration_s,
+        unit_id=msg.unit_id, step_id=msg.step_id + step_base, start_s=msg.start_s, duration_s=msg.duration_s,
         predicted_s=msg.predicted_s, mode=msg.mode, policy=msg.policy, num_prefill_tokens=msg.num_prefill_tokens,
         num_decode_tokens=msg.num_decode_tokens, num_prefill_reqs=msg.num_prefill_reqs,
         num_decode_reqs=msg.num_decode_reqs, context_tokens=msg.context_tokens, budget_tokens=msg.budget_tokens,
@@ -170,6 +171,9 @@ class VllmUnit:
         self.raw: History[StepMessage] = History(history)
         """The step messages as received (with the scheduler's extra fields: plan time, PAB...), as ``records``."""
         self.last: StepMessage | None = None
+        self._step_base = 0
+        """Added to the engine's step ids: the steps the unit's earlier engines made (its ids stay unique)."""
+        self._next_step_id = 0
         """The last step message (None before the first, and after a restart)."""
         self.live: dict[str, _Live] = {}
         self.outcomes: History[RequestOutcome] = History(history)
@@ -226,6 +230,7 @@ class VllmUnit:
             self._steps_sock = None
         self.live.clear()
         self.last = None
+        self._step_base = self._next_step_id  # the fresh engine counts from 0: its records go on from here
         self.submitted_prompt_since_record = 0
         self.failure = None
         self.paused = False
@@ -369,7 +374,8 @@ class VllmUnit:
                 log.warning("unit %d: engine frame skipped: %s", self.unit_id, exc)
                 continue
             if isinstance(msg, StepMessage):
-                rec = record_from(msg)
+                rec = record_from(msg, self._step_base)
+                self._next_step_id = rec.step_id + 1
                 self.raw.append(msg)
                 self.records.append(rec)
                 self.last = msg

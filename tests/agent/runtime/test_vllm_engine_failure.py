@@ -132,6 +132,8 @@ def test_failed_unit_restarts_with_backoff_and_rejoins() -> None:
             assert {s.unit_id for s in after} == {0, 1}
             assert await asyncio.wait_for(asyncio.gather(*(read_all(s) for s in after)), 60) == [MAX_TOKENS] * 6
             assert {(await s.wait()).unit_id for s in after} == {0, 1}
+            steps = [r.step_id for r in units[0].records]  # the fresh engine counts from 0; the unit's ids go on
+            assert len(steps) > 1 and steps == sorted(set(steps))
             codes = [e.code for e in hub.replay.since(0).events if isinstance(e, Alert) and e.unit_id == 0]
             assert codes == [AlertCode.UNIT_FAILED, AlertCode.UNIT_RESTARTED]
             # Text still goes through vLLM's front end: the dead engine's shutdown left the app's renderer alone.
