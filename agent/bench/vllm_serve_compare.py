@@ -182,6 +182,17 @@ def agent_cmd(args: argparse.Namespace, model: str, port: int, token_file: Path,
     return [*cmd, "--model", model, "--gpus", "0", *engine_args(args)]
 
 
+def plain_cmd(args: argparse.Namespace, model: str, port: int) -> list[str]:
+    """``vllm serve`` with the engine flags the agent gets too."""
+    return [*python_module("vllm.entrypoints.cli.main"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
+            "--gpu-memory-utilization", "0.9", *engine_args(args)]
+
+
+def without_flag(cmd: list[str], flag: str) -> list[str]:
+    """``cmd`` without ``flag`` and its value."""
+    return [a for i, a in enumerate(cmd) if a != flag and (i == 0 or cmd[i - 1] != flag)]
+
+
 def status(listen: int, token_file: Path) -> dict[str, Any]:
     done = subprocess.run([*python_module("agent.cli"), "ctl", f"ws://127.0.0.1:{listen}", "--token-file",
                            str(token_file), "--json", "status"], capture_output=True, text=True, timeout=30)
@@ -241,6 +252,11 @@ def kill_test(run: Run, args: argparse.Namespace, port: int, listen: int, token_
         time.sleep(0.2)
     run.log(f"kill: {unit.get('num_running')} running on the unit")
     time.sleep(args.kill_after)
+    if load.poll() is not None:  # nothing left to lose: the measurement would say nothing
+        run.result["kill"] = {"skipped": "the load ended before the kill: more --kill-prompts or --kill-output-len",
+                              "bench": read_bench(run, "kill", load.returncode)}
+        run.save()
+        return
     t_kill = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     run.log(f"kill: SIGKILL to engine core {pid} under load")
@@ -264,7 +280,7 @@ def kill_test(run: Run, args: argparse.Namespace, port: int, listen: int, token_
     run.save()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=os.path.abspath(".gpu/models/llama31-8b"), help="a folder with config.json")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
@@ -288,7 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=480.0, help="no kill test after this many seconds")
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--skip-kill", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     run = Run(args.out)
     if args.fake:
         from agent.engine.vllm.cpu import tiny_model_dir
@@ -305,16 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     run.save()
     deadline = time.monotonic() + args.deadline_s
     if not args.skip_plain:
-        if args.fake:  # no vllm serve without a GPU: a second agent stands in for it
-            plain_cmd = agent_cmd(args, model, 8100, token_file, 7701, "vllm")
-        else:
-            plain_cmd = [*python_module("vllm.entrypoints.cli.main"), "serve", model, "--host", "127.0.0.1",
-                         "--port", "8100", "--gpu-memory-utilization", "0.9", *engine_args(args)]
-        side(run, args, "plain", plain_cmd, 8100, tokenizer, keep=False)
+        # No vllm serve without a GPU: with --fake a second agent stands in for it.
+        plain = agent_cmd(args, model, 8100, token_file, 7701, "vllm") if args.fake else plain_cmd(args, model, 8100)
+        side(run, args, "plain", plain, 8100, tokenizer, keep=False)
     ours = agent_cmd(args, model, 8200, token_file, 7700, "vllm")
     proc = side(run, args, "trackside", ours, 8200, tokenizer, keep=True)
     if proc is None and "--gpus" in ours:  # placement is what is new on a GPU: try once without it
-        no_gpus = [a for i, a in enumerate(ours) if a != "--gpus" and (i == 0 or ours[i - 1] != "--gpus")]
+        no_gpus = without_flag(ours, "--gpus")
         run.result["trackside_with_gpus"] = run.result.pop("trackside")
         proc = side(run, args, "trackside", no_gpus, 8200, tokenizer, keep=True)
     if proc is not None:
