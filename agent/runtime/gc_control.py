@@ -303,4 +303,3 @@ def freeze_startup_heap() -> None:
     for generation in (0, 1, 2):
         gc.collect(generation)
     gc.freeze()
-

@@ -171,10 +171,10 @@ class VllmUnit:
         self.raw: History[StepMessage] = History(history)
         """The step messages as received (with the scheduler's extra fields: plan time, PAB...), as ``records``."""
         self.last: StepMessage | None = None
+        """The last step message (None before the first, and after a restart)."""
         self._step_base = 0
         """Added to the engine's step ids: the steps the unit's earlier engines made (its ids stay unique)."""
         self._next_step_id = 0
-        """The last step message (None before the first, and after a restart)."""
         self.live: dict[str, _Live] = {}
         self.outcomes: History[RequestOutcome] = History(history)
         """The last ``history`` outcomes (the requests that finished, aborted ones have none)."""
