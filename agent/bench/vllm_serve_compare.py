@@ -130,10 +130,9 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def bench(run: Run, args: argparse.Namespace, base_url: str, tokenizer: str, name: str, *, prompts: int,
-          rate: str, concurrency: int | None, input_len: int, output_len: int, wait: bool = True
-          ) -> subprocess.Popen[bytes] | dict[str, Any]:
-    """One ``vllm bench serve`` run; its summary (or the process when ``wait`` is false)."""
+def bench_cmd(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: int, rate: str,
+              concurrency: int | None, input_len: int, output_len: int) -> list[str]:
+    """A ``vllm bench serve`` command whose result lands in ``run.out`` as ``bench-NAME.json``."""
     cmd = [*python_module("vllm.entrypoints.cli.main"), "bench", "serve", "--backend", "openai",
            "--base-url", base_url, "--endpoint", "/v1/completions", "--model", MODEL_NAME, "--tokenizer", tokenizer,
            "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
@@ -141,13 +140,15 @@ def bench(run: Run, args: argparse.Namespace, base_url: str, tokenizer: str, nam
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
            "--save-result", "--result-dir", str(run.out), "--result-filename", f"bench-{name}.json",
            "--ready-check-timeout-sec", "600"]
-    if concurrency:
-        cmd += ["--max-concurrency", str(concurrency)]
-    log = run.out / f"bench-{name}.log"
-    if not wait:
-        return start(cmd, log)
+    return cmd + (["--max-concurrency", str(concurrency)] if concurrency else [])
+
+
+def bench(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: int, rate: str, concurrency: int | None,
+          input_len: int, output_len: int) -> dict[str, Any]:
+    """One ``vllm bench serve`` run to its end; its summary."""
     run.log(f"bench {name}: {prompts} prompts, rate {rate}, concurrency {concurrency}")
-    proc = start(cmd, log)
+    proc = start(bench_cmd(run, base_url, tokenizer, name, prompts=prompts, rate=rate, concurrency=concurrency,
+                           input_len=input_len, output_len=output_len), run.out / f"bench-{name}.log")
     proc.wait()
     return read_bench(run, name, proc.returncode)
 
@@ -226,11 +227,11 @@ def _side(run: Run, args: argparse.Namespace, label: str, proc: subprocess.Popen
     run.result[label]["start_s"] = round(wait_healthy(f"http://127.0.0.1:{port}/health", proc, args.start_timeout), 1)
     run.log(f"{label}: healthy after {run.result[label]['start_s']} s")
     base = f"http://127.0.0.1:{port}"
-    run.result[label]["saturate"] = bench(run, args, base, tokenizer, f"{label}-saturate", prompts=args.prompts,
+    run.result[label]["saturate"] = bench(run, base, tokenizer, f"{label}-saturate", prompts=args.prompts,
                                           rate="inf", concurrency=args.concurrency, input_len=args.input_len,
                                           output_len=args.output_len)
     run.save()
-    run.result[label]["poisson"] = bench(run, args, base, tokenizer, f"{label}-poisson", prompts=args.rate_prompts,
+    run.result[label]["poisson"] = bench(run, base, tokenizer, f"{label}-poisson", prompts=args.rate_prompts,
                                          rate=str(args.rate), concurrency=None, input_len=args.input_len,
                                          output_len=args.output_len)
     run.save()
@@ -241,9 +242,9 @@ def kill_test(run: Run, args: argparse.Namespace, port: int, listen: int, token_
               ) -> None:
     before = status(listen, token_file)
     pid = int(before["units"][0]["engine_pid"])
-    load = bench(run, args, f"http://127.0.0.1:{port}", tokenizer, "kill", prompts=args.kill_prompts, rate="inf",
-                 concurrency=args.kill_prompts, input_len=args.input_len, output_len=args.kill_output_len, wait=False)
-    assert isinstance(load, subprocess.Popen)
+    load = start(bench_cmd(run, f"http://127.0.0.1:{port}", tokenizer, "kill", prompts=args.kill_prompts, rate="inf",
+                           concurrency=args.kill_prompts, input_len=args.input_len,
+                           output_len=args.kill_output_len), run.out / "bench-kill.log")
     t0 = time.monotonic()  # the bench takes a while to start: kill once its requests are on the engine
     while load.poll() is None and time.monotonic() - t0 < 180:
         unit = status(listen, token_file)["units"][0]

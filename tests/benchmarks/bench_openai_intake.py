@@ -96,18 +96,16 @@ def main() -> int:
     }
     ports = {"plain": 8410, "trackside": 8411}
     results: dict[str, list[dict[str, float]]] = {"plain": [], "trackside": []}
-    bench_args = argparse.Namespace()
     for r in range(args.rounds):
         for side, cmd in sides.items():
             proc = start(cmd, out / f"server-{side}-{r}.log")
             try:
                 wait_healthy(f"http://127.0.0.1:{ports[side]}/health", proc, 300)
-                summary = bench(run, bench_args, f"http://127.0.0.1:{ports[side]}", tokenizer, f"{side}-{r}",
+                summary = bench(run, f"http://127.0.0.1:{ports[side]}", tokenizer, f"{side}-{r}",
                                 prompts=args.prompts, rate=args.rate, concurrency=args.concurrency,
                                 input_len=args.input_len, output_len=args.output_len)
             finally:
                 stop(proc)
-            assert isinstance(summary, dict)
             if summary.get("completed") != args.prompts:
                 raise SystemExit(f"{side} round {r}: {summary}")
             results[side].append(summary)
