@@ -31,6 +31,7 @@ from dataclasses import replace
 
 from agent.engine.base import Engine, Migrant, RequestOutcome, StepRecord, SubmittedRequest
 from agent.runtime.clock import Clock, VirtualClock
+from agent.runtime.desk import DispatchDesk, Placement, RejectReason, UnitAccess
 from agent.runtime.gc_control import GcController
 from agent.runtime.records import (
     DispatchHook,
@@ -44,7 +45,7 @@ from agent.runtime.records import (
 )
 from agent.workload.types import RequestSpec
 from policies.base import DispatchPolicy
-from policies.types import HandoffRequest, Migration, PendingRequest, UnitLoad
+from policies.types import DispatchDecision, HandoffRequest, Migration, PendingRequest, UnitLoad
 
 # Event kinds, in the order they are processed when they share a time: step ends first, then transfer ends,
 # then dispatcher wake-ups, then arrivals, then step starts (so that every request arriving at an instant can
@@ -78,6 +79,7 @@ class Node:
         on_migrate: MigrateHook | None = None,
         lockstep: bool = False,
         migration: MigrationConfig | None = None,
+        pending_timeout_s: float | None = None,
     ) -> None:
         if not units:
             raise ValueError("a node needs at least one unit")
@@ -88,6 +90,7 @@ class Node:
         if "mixed" in roles and len(roles) > 1:
             raise ValueError("units are either all mixed (colocated) or prefill and decode (disaggregated)")
         self.disaggregated = "prefill" in roles
+        self._index = {u.unit_id: i for i, u in enumerate(self.units)}
         self.lockstep = lockstep
         self.migration = migration or MigrationConfig()
         self.on_migrate = on_migrate
@@ -112,11 +115,14 @@ class Node:
         """Optional hook (telemetry) called at every dispatch decision, before it is applied."""
         self.on_preempt = on_preempt
         """Optional hook (telemetry) called at the end of a step that preempted requests."""
-        self.num_dispatches = 0
-        """Dispatch decisions taken so far (the last one's ``dispatch_id``)."""
         self.states: dict[str, RequestState] = {}
-        self.pending: dict[str, None] = {}
-        """Requests at the dispatcher, in arrival order (a dict as an ordered set)."""
+        self.desk: DispatchDesk[Migrant] = DispatchDesk(strict=True, pending_timeout_s=pending_timeout_s)
+        """The requests at the dispatcher and the dispatch round over them (``agent.runtime.desk``, as on live vLLM
+        units; strict: a decision that cannot be applied raises); a request back from a failed unit carries its
+        progress (a :class:`~agent.engine.base.Migrant` without KV). With ``pending_timeout_s`` a request no unit
+        took within that long is rejected (``refusal_reason`` ``pending_timeout``); None (the default, as replays
+        measure queueing): it waits."""
+        self._driver = _NodeDriver(self)
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._tick_at: float | None = None
@@ -138,8 +144,6 @@ class Node:
         self.transfers: dict[str, Transfer] = {}
         """Moves under way, by request id."""
         self._xfer_at: dict[int, str] = {}
-        self._carry: dict[str, Migrant] = {}
-        """Requests back at the dispatcher with progress (their unit failed): placed with ``attach``."""
         self.num_migrations = 0
         self.num_migrations_skipped = 0
         """Migrations a dispatcher asked for that could not start (request gone, moving already, bad target)."""
@@ -237,92 +241,19 @@ class Node:
         ttft = spec.ttft_slo_ms / 1e3 if spec.ttft_slo_ms is not None else self.default_ttft_slo_s
         tpot = spec.tpot_slo_ms / 1e3 if spec.tpot_slo_ms is not None else self.default_tpot_slo_s
         self.states[spec.request_id] = RequestState(spec, ttft, tpot)
-        self.pending[spec.request_id] = None
+        self.desk.add(PendingRequest(spec.request_id, spec.arrival_s, spec.prompt_tokens, ttft, tpot), self.now_s)
         if self.on_request is not None:
             self.on_request("arrived", self.states[spec.request_id])
         self._dispatch()
 
     def _dispatch(self) -> None:
-        if not self.pending:
-            if self.dispatcher.rebalances:
-                self._rebalance()
+        """One dispatch round (``agent.runtime.desk``), then a wake-up at the time the dispatcher asks for."""
+        if not self.desk.wants_round(self.dispatcher):
             return
-        now = self.now_s
-        views = [
-            PendingRequest(
-                s.spec.request_id, s.spec.arrival_s, self._intake_tokens(s), s.ttft_slo_s, s.tpot_slo_s,
-                s.num_rounds_waited,
-            )
-            for s in (self.states[rid] for rid in self.pending)
-        ]
-        loads = self._loads(intake=True)
-        decision = self.dispatcher.dispatch(views, loads, now)
-        self.num_dispatches += 1
-        if self.on_dispatch is not None:
-            self.on_dispatch(self.num_dispatches, loads, decision)
-        placed: set[str] = set()
-        by_id = {u.unit_id: i for i, u in enumerate(self.units)}
-        for rid, unit_id in decision.assignments:
-            if rid in placed or rid not in self.states or rid not in self.pending:
-                raise RuntimeError(f"dispatcher {self.dispatcher.name} placed {rid} twice or unknown")
-            if unit_id not in by_id:
-                raise RuntimeError(f"dispatcher {self.dispatcher.name} chose unknown unit {unit_id}")
-            placed.add(rid)
-            state = self.states[rid]
-            index = by_id[unit_id]
-            unit = self.units[index]
-            spec = state.spec
-            if self.unit_modes[index] == "failed" or (self.disaggregated and unit.role == "decode"):
-                raise RuntimeError(f"dispatcher {self.dispatcher.name} placed {rid} on unit {unit_id}, closed to it")
-            carried = self._carry.pop(rid, None)
-            if carried is not None:
-                # Back from a failed unit: it was admitted once already and keeps the tokens it produced.
-                state.unit_id = unit_id
-                state.dispatched_s = now
-                unit.attach(carried, now)
-                if self.on_request is not None:
-                    self.on_request("dispatched", state)
-                self._schedule_start(index)
-                continue
-            if unit.policy.refuses(spec.prompt_tokens, unit.cost):
-                # Admission control of the unit's batch policy (e.g. FairBatching's PAB): counted, not lost.
-                state.rejected = True
-                state.refused_by = unit_id
-                self.num_rejected += 1
-                self.num_refused += 1
-                if self.on_request is not None:
-                    self.on_request("refused", state)
-                continue
-            state.unit_id = unit_id
-            state.dispatched_s = now
-            unit.submit(
-                SubmittedRequest(
-                    rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, state.ttft_slo_s,
-                    state.tpot_slo_s,
-                ),
-                now,
-            )
-            if self.on_request is not None:
-                self.on_request("dispatched", state)
-            self._schedule_start(index)
-        for rid in decision.rejected:
-            if rid in placed or rid not in self.pending:
-                raise RuntimeError(f"dispatcher {self.dispatcher.name} rejected {rid} twice or unknown")
-            placed.add(rid)
-            self.states[rid].rejected = True
-            self.num_rejected += 1
-            if self.on_request is not None:
-                self.on_request("refused", self.states[rid])
-        for rid in placed:
-            del self.pending[rid]
-        for rid in self.pending:
-            self.states[rid].num_rounds_waited += 1
-        self._start_migrations(decision.migrations)
-        if decision.next_check_s is not None and self.pending:
-            t = max(decision.next_check_s, now)
-            if self._tick_at is None or t < self._tick_at:
-                self._tick_at = t
-                self._push(t, _TICK, -1)
+        t = self.desk.round(self.dispatcher, self._loads(intake=True), self.now_s, self._driver)
+        if t is not None and (self._tick_at is None or t < self._tick_at):
+            self._tick_at = t
+            self._push(t, _TICK, -1)
 
     def _start_step(self, index: int) -> None:
         if not self._steps(index):
@@ -427,8 +358,7 @@ class Node:
             if t.source_index == index and t.migrant is None:
                 del self.transfers[rid]  # its copy is lost with the source; the request is evacuated below
         migrants = self.units[index].evacuate()
-        for m in migrants:
-            self._requeue(m, index, "fault")
+        self._requeue(migrants, index, "fault")
         if self.on_fault is not None:
             self.on_fault(unit_id, f"{reason or 'simulated fault'} ({len(migrants)} request(s) back to the dispatcher)")
         self._dispatch()
@@ -462,18 +392,6 @@ class Node:
             load = u.load(want)
             out.append(load if self.unit_modes[i] == "active" else replace(load, healthy=False))
         return out
-
-    def _intake_tokens(self, state: RequestState) -> int:
-        carried = self._carry.get(state.spec.request_id)
-        return carried.num_tokens if carried is not None else state.spec.prompt_tokens
-
-    def _rebalance(self) -> None:
-        loads = self._loads(intake=True)
-        decision = self.dispatcher.dispatch((), loads, self.now_s)
-        self.num_dispatches += 1
-        if self.on_dispatch is not None:
-            self.on_dispatch(self.num_dispatches, loads, decision)
-        self._start_migrations(decision.migrations)
 
     def _start_migrations(self, migrations: Sequence[Migration]) -> None:
         by_id = {u.unit_id: i for i, u in enumerate(self.units)}
@@ -529,7 +447,7 @@ class Node:
         del self.transfers[t.request_id]
         assert t.migrant is not None
         if self.unit_modes[t.target_index] == "failed":
-            self._requeue(t.migrant, t.source_index, t.reason)
+            self._requeue([t.migrant], t.source_index, t.reason)
             self._dispatch()
             return
         target = self.units[t.target_index]
@@ -562,17 +480,24 @@ class Node:
                 m.request_id
             )
 
-    def _requeue(self, migrant: Migrant, source_index: int, reason: str) -> None:
-        """Back to the dispatcher (KV lost), keeping the tokens produced so far; placed again like a new one."""
-        rid = migrant.request_id
-        self._carry[rid] = migrant.without_kv()
-        state = self.states[rid]
-        state.unit_id = None
-        self.pending[rid] = None
-        if self.on_migrate is not None:
-            self.on_migrate(
-                MigrationRecord(rid, self.units[source_index].unit_id, None, reason, "lost", self.now_s, self.now_s, 0)
-            )
+    def _requeue(self, migrants: Sequence[Migrant], source_index: int, reason: str) -> None:
+        """Back to the dispatcher (KV lost), at the front of its queue, keeping the tokens produced so far (the next
+        unit prefills prompt and outputs); placed again without admission control."""
+        entries = []
+        source = self.units[source_index].unit_id
+        for m in migrants:
+            rid = m.request_id
+            carried = m.without_kv()
+            state = self.states[rid]
+            state.unit_id = None
+            entries.append((
+                PendingRequest(rid, state.spec.arrival_s, carried.num_tokens, state.ttft_slo_s, state.tpot_slo_s,
+                               state.num_rounds_waited),
+                carried,
+            ))
+            if self.on_migrate is not None:
+                self.on_migrate(MigrationRecord(rid, source, None, reason, "lost", self.now_s, self.now_s, 0))
+        self.desk.requeue(entries, self.now_s)
 
     def _schedule_any(self) -> None:
         for index, unit in enumerate(self.units):
@@ -588,8 +513,95 @@ class Node:
     @property
     def num_pending(self) -> int:
         """Requests waiting at the dispatcher."""
-        return len(self.pending)
+        return len(self.desk)
+
+    @property
+    def pending(self) -> dict[str, PendingRequest]:
+        """Requests waiting at the dispatcher, in queue order."""
+        return self.desk.pending
+
+    @property
+    def num_dispatches(self) -> int:
+        """Dispatch decisions taken so far (the last one's ``dispatch_id``)."""
+        return self.desk.num_rounds
 
     def unfinished(self) -> list[str]:
         """Requests neither finished nor rejected (pending, queued or running)."""
         return [rid for rid, s in self.states.items() if s.outcome is None and not s.rejected]
+
+
+class _NodeDriver:
+    """The simulated node as the dispatch desk drives it (:class:`~agent.runtime.desk.DeskDriver`)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def unit_access(self, unit_id: int) -> UnitAccess:
+        node = self.node
+        index = node._index.get(unit_id)
+        if index is None:
+            return "unknown"
+        closed = node.unit_modes[index] == "failed" or (node.disaggregated and node.units[index].role == "decode")
+        return "closed" if closed else "open"
+
+    def refuses(self, unit_id: int, prompt_tokens: int) -> bool:
+        unit = self.node.units[self.node._index[unit_id]]
+        return unit.policy.refuses(prompt_tokens, unit.cost)
+
+    def dispatching(self, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
+        node = self.node
+        if node.on_dispatch is not None:
+            node.on_dispatch(node.num_dispatches, loads, decision)
+
+    def place(self, placement: Placement[Migrant]) -> None:
+        node = self.node
+        now = node.now_s
+        index = node._index[placement.unit_id]
+        unit = node.units[index]
+        state = node.states[placement.request.request_id]
+        state.num_rounds_waited = placement.request.cycles_waited
+        state.unit_id = placement.unit_id
+        state.dispatched_s = now
+        if placement.carried is not None:
+            # Back from a failed unit: it was admitted once already and keeps the tokens it produced.
+            unit.attach(placement.carried, now)
+        else:
+            spec = state.spec
+            unit.submit(
+                SubmittedRequest(
+                    spec.request_id, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, state.ttft_slo_s,
+                    state.tpot_slo_s,
+                ),
+                now,
+            )
+        if node.on_request is not None:
+            node.on_request("dispatched", state)
+        node._schedule_start(index)
+
+    def refused(self, request: PendingRequest, unit_id: int) -> None:
+        # Admission control of the unit's batch policy (e.g. FairBatching's PAB): counted, not lost.
+        node = self.node
+        state = node.states[request.request_id]
+        state.num_rounds_waited = request.cycles_waited
+        state.rejected = True
+        state.refused_by = unit_id
+        node.num_rejected += 1
+        node.num_refused += 1
+        if node.on_request is not None:
+            node.on_request("refused", state)
+
+    def rejected(self, request: PendingRequest, why: RejectReason) -> None:
+        node = self.node
+        state = node.states[request.request_id]
+        state.num_rounds_waited = request.cycles_waited
+        state.rejected = True
+        if why != "dispatcher":
+            state.refusal_reason = why
+        node.num_rejected += 1
+        if node.on_request is not None:
+            node.on_request("refused", state)
+
+    def migrate(self, migrations: Sequence[Migration]) -> None:
+        self.node._start_migrations(migrations)

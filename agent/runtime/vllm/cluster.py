@@ -56,6 +56,7 @@ from dataclasses import replace
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.sampling import Sampling, TokenDelta
 from agent.engine.vllm.unit import EngineFailed, VllmUnit
+from agent.runtime.desk import DispatchDesk, Placement, RejectReason, UnitAccess
 from agent.runtime.vllm.requests import (
     ClusterObserver,
     ClusterRequest,
@@ -66,7 +67,7 @@ from agent.runtime.vllm.requests import (
 )
 from agent.runtime.vllm.restarts import Restarts
 from policies.base import DispatchPolicy
-from policies.types import Migration, PendingRequest
+from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,10 @@ class VllmCluster:
         """SLOs of a request that names none."""
         self._clock = clock
         self._by_unit = {u.unit_id: u for u in self.units}
-        self.pending: dict[str, PendingRequest] = {}
-        """Requests waiting at the dispatcher, in arrival order."""
+        self.desk: DispatchDesk[int] = DispatchDesk(strict=False, pending_timeout_s=pending_timeout_s)
+        """The requests waiting at the dispatcher and the dispatch round over them (``agent.runtime.desk``; lenient: a
+        bad decision is skipped and logged, not raised); a request back from a failed unit carries that unit's id."""
+        self._driver = _ClusterDriver(self)
         self.streams: dict[str, RequestStream] = {}
         """Requests not yet finished (pending or on a unit)."""
         self.rejected: deque[str] = deque(maxlen=100_000)
@@ -116,11 +119,6 @@ class VllmCluster:
         self.num_restarts = 0
         self._held: set[int] = set()
         """Units failed on request (:meth:`fail_unit`): never restarted by the backoff."""
-        self.pending_timeout_s = pending_timeout_s
-        """A request that waited this long at the dispatcher (since it arrived, or since its failed unit sent it back)
-        is rejected; None: it waits for ever."""
-        self._queued_s: dict[str, float] = {}
-        """When each pending request was first seen waiting (the cluster's clock)."""
         self.observer: ClusterObserver | None = None
         self.max_migrations = max_migrations
         """Requests migrating at once (moved, their first token on the target not yet out); further moves wait."""
@@ -183,12 +181,14 @@ class VllmCluster:
             raise ValueError(f"request id {rid!r} is already in flight")
         stream = RequestStream(request, self, collect)
         self.streams[rid] = stream
-        pending = self.pending[rid] = PendingRequest(
-            rid, request.arrival_s if request.arrival_s is not None else self._clock(),
+        now = self._clock()
+        pending = PendingRequest(
+            rid, request.arrival_s if request.arrival_s is not None else now,
             len(request.prompt_token_ids),
             request.ttft_slo_s if request.ttft_slo_s is not None else self.ttft_slo_s,
             request.tpot_slo_s if request.tpot_slo_s is not None else self.tpot_slo_s,
         )
+        self.desk.add(pending, now)
         if self.observer is not None:
             self.observer.arrived(stream, pending)
         self.dispatch()
@@ -207,8 +207,7 @@ class VllmCluster:
         rid = stream.request_id
         if stream.done or self.streams.get(rid) is not stream:
             return False
-        if self.pending.pop(rid, None) is not None:
-            self._queued_s.pop(rid, None)
+        if self.desk.remove(rid) is not None:
             del self.streams[rid]
             stream._finish(None, RequestAborted(f"request {rid} was aborted while pending"))
             if self.observer is not None:
@@ -241,91 +240,58 @@ class VllmCluster:
         self.dispatch()
 
     # -- dispatching ------------------------------------------------------------------------------
+    @property
+    def pending(self) -> dict[str, PendingRequest]:
+        """Requests waiting at the dispatcher, in queue order."""
+        return self.desk.pending
+
+    @property
+    def pending_timeout_s(self) -> float | None:
+        """A request that waited this long at the dispatcher (since it arrived, or since its failed unit sent it back)
+        is rejected; None: it waits for ever."""
+        return self.desk.pending_timeout_s
+
+    @pending_timeout_s.setter
+    def pending_timeout_s(self, value: float | None) -> None:
+        self.desk.pending_timeout_s = value
+
     def dispatch(self) -> None:
         """Ask the dispatcher about the pending requests now (also called on arrivals, reports and checks); a
-        dispatcher that ``rebalances`` is asked with nothing pending too (for its migrations)."""
+        dispatcher that ``rebalances`` is asked with nothing pending too (for its migrations). One round of the
+        desk (``agent.runtime.desk``)."""
         dispatcher = self.dispatcher
-        if not self.pending and not dispatcher.rebalances:
+        if not self.desk.wants_round(dispatcher):
             return
         now = self._clock()
         self._last_dispatch_s = now
         want = dispatcher.needs_requests
         loads = [u.load(healthy=self.accepting[u.unit_id], with_requests=want) for u in self.units]
-        decision = dispatcher.dispatch(list(self.pending.values()), loads, now)
-        observer = self.observer
-        if observer is not None:
-            observer.dispatching(loads, decision)
-        for rid, uid in decision.assignments:
-            p = self.pending.pop(rid, None)
-            if p is None:
-                continue
-            self._launch(self.streams[rid], self._by_unit[uid], p)
-        for rid in decision.rejected:
-            if self.pending.pop(rid, None) is not None:
-                self.rejected.append(rid)
-                self.num_rejected += 1
-                stream = self.streams.pop(rid)
-                stream._finish(None, RequestRejected(
-                    f"the {self.dispatcher.name or type(self.dispatcher).__name__} dispatcher rejected the request"
-                ))
-                if observer is not None:
-                    observer.rejected(stream)
-        for rid, p in self.pending.items():  # held back this round (as the simulated node counts them)
-            self.pending[rid] = replace(p, cycles_waited=p.cycles_waited + 1)
-        if decision.migrations:
-            self._migrate(decision.migrations)
-        checks = [t for t in (decision.next_check_s, self._expire_pending(now)) if t is not None]
-        self._next_check = min(checks) if checks else None
+        self._next_check = self.desk.round(dispatcher, loads, now, self._driver)
         if self._next_check is not None:
             self._wake.set()
 
-    def _expire_pending(self, now: float) -> float | None:
-        """Reject the requests that have waited ``pending_timeout_s`` (:class:`PendingTimeout`); when the next of
-        those left will have (None: none waits, or no limit)."""
-        timeout = self.pending_timeout_s
-        if not timeout:
-            return None
-        queued = self._queued_s = {rid: self._queued_s.get(rid, now) for rid in self.pending}
-        for rid, since in list(queued.items()):
-            if now - since < timeout:
-                continue
-            del queued[rid]
-            del self.pending[rid]
-            self.rejected.append(rid)
-            self.num_rejected += 1
-            stream = self.streams.pop(rid)
-            stream._finish(None, PendingTimeout(f"no unit took the request within {timeout:g} s"))
-            if self.observer is not None:
-                self.observer.rejected(stream)
-        return min(queued.values()) + timeout if queued else None
-
     def _launch(self, stream: RequestStream, unit: VllmUnit, p: PendingRequest) -> None:
-        source = stream.evacuated_from
-        if source is not None:  # back from a failed unit: it goes on here by recompute
-            stream.evacuated_from = None
-            self._recompute(stream, unit, source, "unit_failed", stream.first_token_s, stream.max_tpot_s)
-            return
-        if self.refuses is not None and self.refuses(unit.unit_id, p.prompt_tokens):
-            self._refuse(stream, unit.unit_id)
-            return
         stream._pending = p
         self._start(stream, unit, stream.request.prompt_token_ids, stream.request.max_tokens, stream.request.sampling)
         if self.observer is not None:
             self.observer.launched(stream, p)
 
+    def _reject(self, stream: RequestStream, error: RequestRejected) -> None:
+        """``stream``'s request ends here, rejected: counted, not lost."""
+        self.rejected.append(stream.request_id)
+        self.num_rejected += 1
+        self.streams.pop(stream.request_id, None)
+        stream._finish(None, error)
+        if self.observer is not None:
+            self.observer.rejected(stream)
+
     def _refuse(self, stream: RequestStream, unit_id: int) -> None:
         """The admission control of ``unit_id`` refused ``stream``'s request: it ends here, counted, not lost."""
-        rid = stream.request_id
-        self.rejected.append(rid)
-        self.num_rejected += 1
         self.num_refused += 1
-        self.streams.pop(rid, None)
-        stream._finish(None, RequestRejected(
+        self._reject(stream, RequestRejected(
             f"unit {unit_id}'s admission control refused the request (its prefill admission budget is spent)",
             refused_by=unit_id, retry_after_s=self.ttft_slo_s,
         ))
-        if self.observer is not None:
-            self.observer.rejected(stream)
 
     def _start(self, stream: RequestStream, unit: VllmUnit, prompt_token_ids: list[int], max_tokens: int,
                sampling: Sampling | None, *, migrated: bool = False, prior_outputs: int = 0,
@@ -351,7 +317,7 @@ class VllmCluster:
             exc = None if t.cancelled() else t.exception()
             if isinstance(exc, EngineFailed):  # its unit is dead: the request goes on elsewhere
                 if unit.unit_id in self.failed:
-                    self._evacuate(stream, unit.unit_id)
+                    self._evacuate([stream], unit.unit_id)
                     self.dispatch()
                 else:
                     self._on_unit_failed(unit, exc.reason)  # evacuates this request with the others
@@ -461,11 +427,9 @@ class VllmCluster:
         uid = unit.unit_id
         self.failed[uid] = reason
         self.accepting[uid] = False
-        moved = 0
-        for stream in list(self.streams.values()):
-            if stream.unit_id == uid and stream._task is not None and not stream.done:
-                self._evacuate(stream, uid)
-                moved += 1
+        on_it = [s for s in self.streams.values() if s.unit_id == uid and s._task is not None and not s.done]
+        self._evacuate(on_it, uid)
+        moved = len(on_it)
         if self.observer is not None:
             self.observer.unit_failed(unit, reason, moved)
         if restart:
@@ -489,29 +453,31 @@ class VllmCluster:
                 self.observer.unit_restarted(unit, num_attempts)
         self.dispatch()
 
-    def _evacuate(self, stream: RequestStream, unit_id: int) -> None:
-        """Take ``stream``'s request off its (dead) unit and put it at the front of the dispatcher's queue."""
-        task, stream._task = stream._task, None  # its done callback now leaves the stream alone
+    def _evacuate(self, streams: Sequence[RequestStream], unit_id: int) -> None:
+        """Take ``streams``' requests off their (dead) unit and put them at the front of the dispatcher's queue, each
+        to go on by recompute where it is placed next."""
         unit = self._by_unit[unit_id]
-        live = unit.live.get(stream.request_id)
-        if live is not None:
-            live.on_output = None
-            if stream.first_token_s is None:
-                stream.first_token_s = live.first_token_s
-            stream.max_tpot_s = live.max_tpot_s
-        if task is not None and not task.done():
-            task.cancel()
-        r, p = stream.request, stream._pending
-        assert p is not None
-        produced = len(stream.output_token_ids)
-        if produced >= r.max_tokens:  # every token is out, only the finish was lost with the engine
-            self._finish_evacuated(stream, unit_id)
-            return
-        stream.unit_id = None
-        stream.evacuated_from = unit_id
-        self.num_evacuated += 1
-        self.pending = {stream.request_id: replace(p, prompt_tokens=len(r.prompt_token_ids) + produced),
-                        **self.pending}
+        back: list[tuple[PendingRequest, int]] = []
+        for stream in streams:
+            task, stream._task = stream._task, None  # its done callback now leaves the stream alone
+            live = unit.live.get(stream.request_id)
+            if live is not None:
+                live.on_output = None
+                if stream.first_token_s is None:
+                    stream.first_token_s = live.first_token_s
+                stream.max_tpot_s = live.max_tpot_s
+            if task is not None and not task.done():
+                task.cancel()
+            r, p = stream.request, stream._pending
+            assert p is not None
+            produced = len(stream.output_token_ids)
+            if produced >= r.max_tokens:  # every token is out, only the finish was lost with the engine
+                self._finish_evacuated(stream, unit_id)
+                continue
+            stream.unit_id = None
+            self.num_evacuated += 1
+            back.append((replace(p, prompt_tokens=len(r.prompt_token_ids) + produced), unit_id))
+        self.desk.requeue(back, self._clock())
 
     def _finish_evacuated(self, stream: RequestStream, unit_id: int) -> None:
         r, p = stream.request, stream._pending
@@ -568,3 +534,52 @@ class VllmCluster:
                     pass
             self._next_check = None
             self.dispatch()
+
+
+class _ClusterDriver:
+    """The cluster as the dispatch desk drives it (:class:`~agent.runtime.desk.DeskDriver`)."""
+
+    __slots__ = ("cluster",)
+
+    def __init__(self, cluster: VllmCluster) -> None:
+        self.cluster = cluster
+
+    def unit_access(self, unit_id: int) -> UnitAccess:
+        cluster = self.cluster
+        if unit_id not in cluster._by_unit:
+            return "unknown"
+        return "closed" if unit_id in cluster.failed else "open"
+
+    def refuses(self, unit_id: int, prompt_tokens: int) -> bool:
+        refuses = self.cluster.refuses
+        return refuses is not None and refuses(unit_id, prompt_tokens)
+
+    def dispatching(self, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
+        if self.cluster.observer is not None:
+            self.cluster.observer.dispatching(loads, decision)
+
+    def place(self, placement: Placement[int]) -> None:
+        cluster = self.cluster
+        stream = cluster.streams[placement.request.request_id]
+        unit = cluster._by_unit[placement.unit_id]
+        if placement.carried is not None:  # back from a failed unit: it goes on here by recompute
+            cluster._recompute(stream, unit, placement.carried, "unit_failed", stream.first_token_s,
+                               stream.max_tpot_s)
+        else:
+            cluster._launch(stream, unit, placement.request)
+
+    def refused(self, request: PendingRequest, unit_id: int) -> None:
+        self.cluster._refuse(self.cluster.streams[request.request_id], unit_id)
+
+    def rejected(self, request: PendingRequest, why: RejectReason) -> None:
+        cluster = self.cluster
+        stream = cluster.streams[request.request_id]
+        if why == "pending_timeout":
+            error: RequestRejected = PendingTimeout(f"no unit took the request within {cluster.pending_timeout_s:g} s")
+        else:
+            name = cluster.dispatcher.name or type(cluster.dispatcher).__name__
+            error = RequestRejected(f"the {name} dispatcher rejected the request")
+        cluster._reject(stream, error)
+
+    def migrate(self, migrations: Sequence[Migration]) -> None:
+        self.cluster._migrate(migrations)

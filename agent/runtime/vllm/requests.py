@@ -83,8 +83,6 @@ class RequestStream:
         self.max_tpot_s: float | None = None
         """The worst per-token TPOT on the units it left (``RequestOutcome.max_tpot_s``), set when it is taken off one
         (a failed unit); the unit it is on tracks it from there."""
-        self.evacuated_from: int | None = None
-        """The failed unit the request was taken off, while it waits at the dispatcher to go on elsewhere."""
         self._pending: PendingRequest | None = None
         self.outcome: RequestOutcome | None = None
         self.error: BaseException | None = None
