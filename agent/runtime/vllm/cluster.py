@@ -47,7 +47,6 @@ failed or closed, or a dispatcher that holds it) is rejected (:class:`~agent.run
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -68,8 +67,6 @@ from agent.runtime.vllm.requests import (
 from agent.runtime.vllm.restarts import Restarts
 from policies.base import DispatchPolicy
 from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
-
-log = logging.getLogger(__name__)
 
 PENDING_TIMEOUT_S = 30.0
 """How long a request may wait at the dispatcher for a unit by default before it is rejected."""
