@@ -16,12 +16,15 @@ it every policy fails; the research policies differ in the band between (issue #
 
 Loads are set by scaling the workload's arrival times (``time_scale``: 2 halves the load), so the offered load of a
 scale is the workload's at scale 1 divided by it. Pure but for ``run_at``, the caller's way to run one config.
+A baseline whose knee was found beforehand (Sarathi with its token budget tuned per dispatch,
+:mod:`agent.bench.tuning`) is given as a :class:`KnownKnee`: it is not searched again, and its own config (its
+budget) runs in the band.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -106,6 +109,16 @@ def find_knee(config: BenchConfig, run_at: RunAt, search: KneeSearch) -> tuple[f
     return slo_capacity(points, search.target), runs
 
 
+@dataclass(frozen=True, slots=True)
+class KnownKnee:
+    """A baseline's knee found beforehand with the same search (e.g. while tuning it): its config as found, what
+    :func:`find_knee` returned and the runs it made."""
+
+    config: BenchConfig
+    knee_rps: float | None
+    runs: Sequence[RunResult]
+
+
 @dataclass(slots=True)
 class KneeResult:
     """What ``--sweep knee`` found and ran."""
@@ -157,23 +170,31 @@ class KneeResult:
 
 
 def knee_sweep(configs: Sequence[BenchConfig], run_at: RunAt, search: KneeSearch,
-               rps_at_scale_1: float) -> KneeResult:
+               rps_at_scale_1: float, known: Mapping[str, KnownKnee] | None = None) -> KneeResult:
     """Find the best baseline's knee among ``configs``' dispatches, then run every config over the band.
 
     ``configs`` are the compared policy pairs (time scale 1); the baselines are :data:`BASELINES` under each of
     their dispatches (run for the search even when not compared). ``rps_at_scale_1`` is the workload's offered load
-    at time scale 1."""
+    at time scale 1. ``known``: baselines (by ``batch/dispatch``) whose knee was found beforehand with ``search``;
+    their runs count as search runs and their config is the one run in the band when not compared."""
     if rps_at_scale_1 <= 0:
         raise ValueError("the workload's offered load is 0 (fewer than two distinct arrival times)")
+    known = known or {}
     base = configs[0]
     dispatches = list(dict.fromkeys(c.dispatch for c in configs))
     knees: dict[str, float | None] = {}
+    baseline_configs: dict[str, BenchConfig] = {}
     search_runs: list[RunResult] = []
     for dispatch in dispatches:
         for batch in BASELINES:
-            knee, runs = find_knee(replace(base, batch_policy=batch, dispatch=dispatch, time_scale=1.0), run_at,
-                                   search)
-            knees[f"{batch}/{dispatch}"] = knee
+            key = f"{batch}/{dispatch}"
+            if key in known:
+                config, knee, runs = known[key].config, known[key].knee_rps, list(known[key].runs)
+            else:
+                config = replace(base, batch_policy=batch, dispatch=dispatch, time_scale=1.0)
+                knee, runs = find_knee(config, run_at, search)
+            knees[key] = knee
+            baseline_configs[key] = config
             search_runs += runs
     found = {k: v for k, v in knees.items() if v is not None}
     if not found:
@@ -183,7 +204,7 @@ def knee_sweep(configs: Sequence[BenchConfig], run_at: RunAt, search: KneeSearch
     wanted = list(configs)
     b_batch, b_dispatch = baseline.split("/", 1)
     if not any(c.batch_policy == b_batch and c.dispatch == b_dispatch for c in wanted):
-        wanted.insert(0, replace(base, batch_policy=b_batch, dispatch=b_dispatch))
+        wanted.insert(0, replace(baseline_configs[baseline], time_scale=1.0))
     band_runs = [run_at(replace(c, time_scale=rps_at_scale_1 / load))
                  for load in search.band(knee_rps) for c in wanted]
     return KneeResult(search, knee_rps, baseline, knees, search_runs, band_runs)

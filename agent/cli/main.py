@@ -22,9 +22,10 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agent.bench.knee import KneeResult, KneeSearch, knee_sweep
+from agent.bench.knee import KneeResult, KneeSearch, KnownKnee, knee_sweep
 from agent.bench.report import offered_rps
 from agent.bench.runner import TOPOLOGIES, BenchConfig, Fault, RunResult, run_once, scale_arrivals
+from agent.bench.tuning import TUNED_POLICY, SarathiTuning, apply_tuning, tuning_json
 from agent.cli.calibrate import CALIBRATE_COMMANDS, add_calibrate_command
 from agent.cli.common import csv_items, load_policy_plugins
 from agent.cli.node_config import NodeConfigError
@@ -37,9 +38,11 @@ from agent.cli.render import (
     render_knee,
     render_peaks,
     render_runs,
+    render_tuning,
     render_units,
 )
 from agent.cli.serve import HANDLED_ERRORS, SERVE_COMMANDS, add_serve_commands, with_node_config
+from agent.cli.tuning import DEFAULT_GRID_TEXT, TuningError, run_label, run_tuning, tuning_grid
 from agent.cli.whatif import WHATIF_COMMANDS, add_whatif_commands
 from agent.engine.profiles import UnknownProfileError, fit_report, list_profiles, load_profile
 from agent.telemetry import DEFAULT_TPOT_METRIC, TPOT_METRICS
@@ -103,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="--sweep knee: loads run around the knee (default 8)")
     bench.add_argument("--knee-band", default="0.8,1.3", metavar="LOW,HIGH",
                        help="--sweep knee: the band, as multiples of the knee load (default 0.8,1.3)")
+    bench.add_argument(
+        "--tune-sarathi", nargs="?", const=DEFAULT_GRID_TEXT, metavar="B1,B2,...",
+        help=f"tune sarathi's token_budget per dispatch before comparing, as the papers tune their baseline: the "
+        f"budget of the grid (default {DEFAULT_GRID_TEXT}) that sustains the highest load at --slo-target attainment "
+        "(the --sweep knee search; ties to the smaller), then used in every sarathi run (docs/benchmarks.md)",
+    )
     bench.add_argument(
         "--param", action="append", default=[], metavar="NAME=VALUE",
         help="policy parameter (repeatable); POLICY.NAME=VALUE targets one policy",
@@ -288,18 +297,20 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     configs = _plan_runs(args)
     load_profile(args.profile)  # fail early on an unknown profile
     knee = _knee_search(args) if args.sweep and args.sweep.strip() == "knee" else None
+    grid = tuning_grid(args)
+    tunings: dict[str, SarathiTuning] = {}
+    tuned: dict[str, Any] | None = None
+    tuning_s = 0.0
     results: list[RunResult] = []
     show = not args.no_progress
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[unit]}"),
         TimeElapsedColumn(), console=Console(stderr=True), disable=not show, transient=False,
     ) as progress:
 
         def run_at(config: BenchConfig) -> RunResult:
-            label = f"{config.batch_policy}/{config.dispatch}"
-            if args.sweep:
-                label += f" x{config.time_scale:.3g}"
-            task = progress.add_task(label, total=len(requests))
+            label = run_label(config, grid is not None, bool(args.sweep))
+            task = progress.add_task(label, total=len(requests), unit="requests")
 
             def report(done: int, total: int) -> None:
                 progress.update(task, completed=done)
@@ -313,16 +324,27 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                 )
             return result
 
+        if grid is not None:
+            search = knee or _knee_search(args)
+            tunings, tuning_s = run_tuning(configs, run_at, search, grid, progress, knee is not None)
+            tuned = tuning_json(tunings, search, grid)
+            configs = apply_tuning(configs, tunings)
         if knee is not None:
+            known: dict[str, KnownKnee] = {}
+            for dispatch, tuning in tunings.items():
+                if (chosen := tuning.known_knee()) is not None:
+                    known[f"{TUNED_POLICY}/{dispatch}"] = chosen
             try:
-                found = knee_sweep(configs, run_at, knee, offered_rps([r.arrival_s for r in requests]))
+                found = knee_sweep(configs, run_at, knee, offered_rps([r.arrival_s for r in requests]), known)
             except ValueError as exc:
                 raise CliError(f"--sweep knee: {exc}") from None
             results = found.band_runs
         else:
             results = [run_at(config) for config in configs]
+    if tunings:
+        render_tuning(console, tunings, args.slo_target, tuning_s)
     if knee is not None:
-        return _knee_report(console, found, args)
+        return _knee_report(console, found, args, tuned)
     single = len(results) == 1
     render_runs(console, results)
     if single or any(r.config.dispatch != results[0].config.dispatch for r in results) or args.topology != (
@@ -340,6 +362,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             payload = {"summary": r.summary, "config": _config_json(r, args), "cluster": r.cluster, "units": r.units}
         else:
             payload = {"runs": [r.as_run() for r in results], "config": _config_json(results[0], args)}
+        if tuned is not None:
+            payload["sarathi_tuning"] = tuned
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         console.print(f"wrote {args.json}")
@@ -355,7 +379,8 @@ def _knee_search(args: argparse.Namespace) -> KneeSearch:
             from None
 
 
-def _knee_report(console: Console, found: KneeResult, args: argparse.Namespace) -> int:
+def _knee_report(console: Console, found: KneeResult, args: argparse.Namespace,
+                 tuned: dict[str, Any] | None) -> int:
     render_knee(console, found)
     if found.knee_rps is None:
         console.print("[yellow]no baseline's knee was found[/]: every baseline met the target at the heaviest load "
@@ -364,6 +389,8 @@ def _knee_report(console: Console, found: KneeResult, args: argparse.Namespace) 
         payload: dict[str, Any] = {"runs": [r.as_run() for r in found.band_runs], "knee": found.as_json()}
         any_run = (found.band_runs or found.search_runs)[0]
         payload["config"] = _config_json(any_run, args)
+        if tuned is not None:
+            payload["sarathi_tuning"] = tuned
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         console.print(f"wrote {args.json}")
@@ -411,7 +438,7 @@ COMMANDS = {
 PLUGIN_COMMANDS = ("bench", "policies", "agent", "whatif", "regimes")
 """Commands that resolve policy names: they register the installed policy plugins first (``agent.plugins``)."""
 USER_ERRORS: tuple[type[Exception], ...] = (
-    CliError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError, *HANDLED_ERRORS,
+    CliError, TuningError, WorkloadError, ParamError, UnknownPolicyError, UnknownProfileError, *HANDLED_ERRORS,
 )
 
 

@@ -12,6 +12,7 @@ from rich.table import Table
 from agent.bench.knee import KneeResult
 from agent.bench.report import slo_capacity
 from agent.bench.runner import RunResult
+from agent.bench.tuning import TUNED_POLICY, SarathiTuning
 from agent.plugins import PluginReport
 from policies.base import BatchPolicy, DispatchPolicy
 
@@ -222,6 +223,31 @@ def render_knee(console: Console, found: KneeResult) -> None:
                       f"{row['peak_effective_rps']:.2f}", "-" if eff is None else f"{eff:.3f}")
     table.caption = (f"knee: {found.baseline} at {found.knee_rps:.2f} req/s; effective req/s: offered x SLO "
                      "attainment (the papers' goodput); load: interpolated offered req/s")
+    console.print(table)
+
+
+def render_tuning(console: Console, tunings: Mapping[str, SarathiTuning], target: float, wall_s: float) -> None:
+    """``--tune-sarathi``: each budget's sustained load per dispatch, the chosen one and the derived one."""
+    table = Table(title=f"Sarathi's token budget, tuned: load at {100 * target:g}% SLO attainment",
+                  title_justify="left", **_COMPACT)
+    for col in ("dispatch", "budget", "load req/s", "runs", ""):
+        table.add_column(col, justify="right" if col in ("budget", "load req/s", "runs") else "left")
+    notes = []
+    for dispatch, tuning in tunings.items():
+        chosen = tuning.chosen
+        for s in tuning.scores:
+            score = s.score
+            load = "misses at the lightest" if score is None else (
+                f">= {score:.2f}" if s.met_at_heaviest else f"{score:.2f}")
+            mark = ", ".join(m for m, on in (("chosen", s.budget == chosen), ("derived", s.budget == tuning.derived))
+                             if on)
+            table.add_row(dispatch, f"{s.budget:,}", load, str(len(s.runs)), mark)
+        outcome = (f"every budget missed at the lightest load: keeps its derived {tuning.derived:,}" if chosen is None
+                   else f"runs with {chosen:,} below (derived: {tuning.derived:,})")
+        notes.append(f"{TUNED_POLICY}/{dispatch} {outcome}")
+    runs = sum(t.num_runs for t in tunings.values())
+    table.caption = (f"{'; '.join(notes)}. load: offered req/s at the target, interpolated as for the knee (>=: met at "
+                     f"every load tried); the highest wins, ties to the smaller budget. {runs} runs in {wall_s:.0f} s")
     console.print(table)
 
 

@@ -14,7 +14,7 @@ to the target ``T*`` gives
 
     tau = floor((T* - a - c * C) / (b + c))
 
-On the H100 8B profile (a = 9.1 ms, b = 24 us, c = 44 ns), T* = 50 ms and C = 32,768 give tau = 1,641
+On the H100 8B profile (a = 9.1 ms, b = 24 us, c = 44 ns), T* = 50 ms and C = 32,768 give tau = 1,638
 tokens. ``tau`` is fixed: computed once from the cost model the unit reports at the first step (the
 calibrated prior) and again only when a parameter changes, never step by step (that is FairBatching's
 adaptive time budget). ``token_budget`` > 0 overrides the derivation. The budget never exceeds the unit's
