@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from policies.cost.step_model import StepCoefficients
+from policies.frozen import fast_init
 
 ReasonValue = int | float | str | bool
 """A value in a plan's machine-readable reasons."""
@@ -83,6 +84,7 @@ class RequestView(NamedTuple):
         return self.arrival_s + self.ttft_slo_s + self.tpot_slo_s * j
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class UnitView:
     """A DP unit between two steps, as its batch policy sees it."""
@@ -122,6 +124,7 @@ class ScheduledTokens(NamedTuple):
     num_tokens: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StepPlan:
     """A batch policy's decision for one step of one unit.
@@ -146,6 +149,7 @@ class StepPlan:
         return sum(e.num_tokens for e in self.entries)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StepFeedback:
     """What a batch policy learns after one of its steps ran (for online cost fits).
@@ -180,6 +184,7 @@ class StepFeedback:
         return self.num_decode_tokens / n if n else 0.0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PendingRequest:
     """A request waiting at the dispatcher, not yet given to a unit."""
@@ -195,6 +200,7 @@ class PendingRequest:
     """``(unit_id, tokens)``: prompt tokens already in that unit's prefix cache, when known (cache-aware SBS)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class UnitLoad:
     """A unit's last reported load, as a dispatch policy sees it."""
@@ -241,6 +247,7 @@ class UnitLoad:
         return self.kv_used_blocks / self.num_blocks if self.num_blocks else 0.0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RunningRequest:
     """A request resident on a unit, as a rebalancing dispatcher sees it (no output length: unknown)."""
@@ -256,6 +263,7 @@ class RunningRequest:
     """A transfer of this request is under way."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Migration:
     """Move a resident request from one unit to another (CascadeInfer's hand-over and rebalancing)."""
@@ -267,6 +275,7 @@ class Migration:
     """Why (``handover``, ``rebalance``, ``starvation``...): shown in telemetry."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class HandoffRequest:
     """A request whose prefill finished on a prefill unit and needs a decode unit (disaggregated topology)."""
@@ -277,6 +286,7 @@ class HandoffRequest:
     prompt_tokens: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DispatchDecision:
     """Where pending requests go now; requests not named stay pending."""

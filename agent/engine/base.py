@@ -15,10 +15,12 @@ from typing import Protocol
 from agent.telemetry import DEFAULT_TPOT_METRIC, TpotMetric
 from policies.base import BatchPolicy
 from policies.cost.step_model import StepCoefficients
+from policies.frozen import fast_init
 from policies.params import ParamValue
 from policies.types import ReasonValue, RequestView, StepMode, UnitLoad
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SubmittedRequest:
     """A request handed to a unit. Output length is known to the simulator, never to policies."""
@@ -31,6 +33,7 @@ class SubmittedRequest:
     tpot_slo_s: float
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """One step of one unit: its composition, timing, KV state and the policy's reasons.
@@ -87,6 +90,7 @@ def worst_tpot_s(token_times_s: Sequence[float]) -> float | None:
     return max(token_tpot_s(first, j, t) for j, t in enumerate(token_times_s[1:], start=2))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
     """A finished request's timeline on one unit."""
@@ -135,6 +139,7 @@ class RequestOutcome:
         return self.meets_slo(DEFAULT_TPOT_METRIC)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Migrant:
     """A request taken off a unit with its progress, to be placed on another (migration, hand-over, fault).
@@ -165,6 +170,7 @@ class Migrant:
         return replace(self, computed_tokens=0)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """What :meth:`Engine.end_step` hands back to the node."""

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.frozen import fast_init
 
+
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StepCoefficients:
     """Coefficients of ``T = a + b * new_tokens + c * context_tokens + d * num_requests``, all in seconds."""
