@@ -146,7 +146,7 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         """Tokens planned in this step."""
-        return sum(e.num_tokens for e in self.entries)
+        return sum([n for _, n in self.entries])
 
 
 @fast_init

@@ -122,20 +122,25 @@ class UnitStats:
     modes: dict[str, int] = field(default_factory=dict)
 
     def add(self, rec: StepRecord) -> None:
+        # Once per unit-step: locals, no property or enum-value lookups (the same arithmetic).
+        duration = rec.duration_s
         self.steps += 1
-        self.busy_s += rec.duration_s
+        self.busy_s += duration
         self.prefill_tokens += rec.num_prefill_tokens
         self.decode_tokens += rec.num_decode_tokens
         self.batch_sum += rec.num_prefill_reqs + rec.num_decode_reqs
-        usage = rec.kv_usage
-        self.kv_weighted += usage * rec.duration_s
-        self.kv_max = max(self.kv_max, usage)
+        num_blocks = rec.num_blocks
+        usage = rec.kv_used_blocks / num_blocks if num_blocks else 0.0  # StepRecord.kv_usage
+        self.kv_weighted += usage * duration
+        if usage > self.kv_max:
+            self.kv_max = usage
         self.preemptions += rec.num_preempted
         self.completed += rec.num_finished
-        if rec.duration_s > 0:
-            self.pred_abs_err += abs(rec.predicted_s - rec.duration_s) / rec.duration_s
-        key = rec.mode.value
-        self.modes[key] = self.modes.get(key, 0) + 1
+        if duration > 0:
+            self.pred_abs_err += abs(rec.predicted_s - duration) / duration
+        modes = self.modes
+        key = rec.mode._value_  # StepMode's string (``.value`` goes through the enum's descriptor)
+        modes[key] = modes.get(key, 0) + 1
 
     def as_dict(self, duration_s: float) -> dict[str, Any]:
         return {
@@ -189,27 +194,32 @@ class ClusterStats:
         return float(max(squares / self._n - mean * mean, 0.0) ** 0.5)
 
     def add(self, rec: StepRecord) -> None:
-        if rec.num_prefill_tokens:
+        prefill = rec.num_prefill_tokens
+        if prefill:
             self.prefill_steps += 1
-            self.prefill_step_tokens += rec.new_tokens
+            self.prefill_step_tokens += prefill + rec.num_decode_tokens
         u = rec.unit_id
         if u not in self._members:
             return
         t = rec.start_s + rec.duration_s
-        if self._t_last is not None and t > self._t_last:
-            dt = t - self._t_last
-            self._area[0] += dt * self._std(self._sums[0], self._sums[1])
-            self._area[1] += dt * self._std(self._sums[2], self._sums[3])
-        if self._t_first is None:
-            self._t_first = t
-        self._t_last = t if self._t_last is None else max(t, self._t_last)
+        last = self._t_last
+        sums = self._sums
+        if last is None:
+            self._t_first = self._t_last = t
+        else:
+            if t > last:
+                dt = t - last
+                area = self._area
+                area[0] += dt * self._std(sums[0], sums[1])
+                area[1] += dt * self._std(sums[2], sums[3])
+                self._t_last = t
         kv = float(rec.kv_used_blocks * self.block_size)
         batch = float(rec.num_running)
         old_kv, old_b = self._kv[u], self._batch[u]
-        self._sums[0] += kv - old_kv
-        self._sums[1] += kv * kv - old_kv * old_kv
-        self._sums[2] += batch - old_b
-        self._sums[3] += batch * batch - old_b * old_b
+        sums[0] += kv - old_kv
+        sums[1] += kv * kv - old_kv * old_kv
+        sums[2] += batch - old_b
+        sums[3] += batch * batch - old_b * old_b
         self._kv[u], self._batch[u] = kv, batch
 
     def add_decision(self, now_s: float, decision: DispatchDecision) -> None:

@@ -39,6 +39,10 @@ ROLES = ("mixed", "prefill", "decode")
 """Unit roles: ``mixed`` (colocated), or one pool of a disaggregated topology."""
 
 
+_IGNORES_STEPS = BatchPolicy.observe_step
+"""The default :meth:`BatchPolicy.observe_step`, which does nothing with its feedback."""
+
+
 class PlanError(RuntimeError):
     """A batch policy returned a plan the mechanism cannot execute."""
 
@@ -48,11 +52,12 @@ class _Req:
 
     __slots__ = (
         "blocks", "computed", "first_token_s", "load_cache", "max_tpot_s", "migrating", "num_preemptions", "output",
-        "spec", "target", "view_cache",
+        "prompt", "spec", "target", "view_cache",
     )
 
     def __init__(self, spec: SubmittedRequest) -> None:
         self.spec = spec
+        self.prompt = spec.prompt_tokens
         self.target = spec.output_tokens
         self.computed = 0
         self.output = 0
@@ -95,7 +100,7 @@ class _Req:
 
     @property
     def num_tokens(self) -> int:
-        return self.spec.prompt_tokens + self.output
+        return self.prompt + self.output
 
 
 class CostModel(Protocol):
@@ -224,8 +229,8 @@ class SimUnit:
         return UnitView(
             unit_id=self.unit_id,
             step_index=self.step_index,
-            running=tuple(r.view() for r in self.running),
-            waiting=tuple(r.view() for r in self.waiting),
+            running=tuple([r.view() for r in self.running]),
+            waiting=tuple([r.view() for r in self.waiting]),
             block_size=self.block_size,
             num_blocks=self.num_blocks,
             free_blocks=self.free_blocks,
@@ -238,7 +243,7 @@ class SimUnit:
 
     def running_views(self) -> tuple[RequestView, ...]:
         """The running requests as policies see them (cached views: cheap between steps)."""
-        return tuple(r.view() for r in self.running)
+        return tuple([r.view() for r in self.running])
 
     def load(self, with_requests: bool = False) -> UnitLoad:
         kv_tokens = sum(r.computed for r in self.running)
@@ -354,12 +359,13 @@ class SimUnit:
         new = ctx = pre_tok = dec_tok = pre_reqs = dec_reqs = 0
         contexts: list[int] | None = [] if self.timer.heterogeneity else None
         for req, n in scheduled:
-            c = req.computed + n
+            k = req.computed
+            c = k + n
             new += n
             ctx += c
             if contexts is not None:
                 contexts.append(c)
-            if n == 1 and req.output > 0 and req.num_tokens - req.computed == 1:
+            if n == 1 and req.output > 0 and req.prompt + req.output - k == 1:
                 dec_tok += 1
                 dec_reqs += 1
             else:
@@ -390,21 +396,20 @@ class SimUnit:
         preempted_set: set[str] = set()
         admitting_stopped = False
         waiting_admitted: list[_Req] = []
-        for entry in plan.entries:
-            req = requests.get(entry.request_id)
+        block_size = self.block_size
+        for rid, n in plan.entries:
+            req = requests.get(rid)
             if req is None:
-                raise PlanError(f"{self.policy.name}: unknown request {entry.request_id}")
-            rid = entry.request_id
+                raise PlanError(f"{self.policy.name}: unknown request {rid}")
             if rid in taken:
                 raise PlanError(f"{self.policy.name}: request {rid} scheduled twice in one step")
-            n = entry.num_tokens
-            pending = req.num_tokens - req.computed
+            pending = req.prompt + req.output - req.computed
             if n <= 0 or n > pending:
                 raise PlanError(f"{self.policy.name}: {n} tokens for {rid}, which has {pending} pending")
             if rid in running_ids:
                 if rid in preempted_set:
                     continue
-                need = self._blocks_for(req.computed + n) - req.blocks
+                need = -(-(req.computed + n) // block_size) - req.blocks  # _blocks_for, inlined
                 while need > self.free_blocks:
                     victim = self._pick_victim(order, taken)
                     if victim is None:
@@ -479,24 +484,31 @@ class SimUnit:
         first_tokens: list[str] = []
         done: list[_Req] = []
         queued = self.queued_prefill_tokens
+        max_model_len = self.max_model_len
         for req, n in scheduled:
-            queued -= _outstanding_prefill(req)
-            req.computed += n
+            # ``_outstanding_prefill`` before and after, inlined (the per-request hot path).
+            prompt, out, computed = req.prompt, req.output, req.computed
+            pending = prompt + out - computed
+            queued -= 0 if (out > 0 and pending == 1) else pending
+            computed += n
+            req.computed = computed
             req.view_cache = None
-            if req.computed == req.num_tokens:
-                req.output += 1
+            if computed == prompt + out:
+                out += 1
+                req.output = out
                 first = req.first_token_s
                 if first is None:
                     req.first_token_s = now_s
                     first_tokens.append(req.spec.request_id)
                 else:  # the worst per-token TPOT, as a running maximum (agent.engine.base.token_tpot_s)
-                    tpot = (now_s - first) / (req.output - 1)
+                    tpot = (now_s - first) / (out - 1)
                     worst = req.max_tpot_s
                     if worst is None or tpot > worst:
                         req.max_tpot_s = tpot
-                if req.output >= req.target or req.num_tokens >= self.max_model_len:
+                if out >= req.target or prompt + out >= max_model_len:
                     done.append(req)
-            queued += _outstanding_prefill(req)
+            pending = prompt + out - computed
+            queued += 0 if (out > 0 and pending == 1) else pending
         self.queued_prefill_tokens = queued
         for req in done:
             s = req.spec
@@ -516,13 +528,15 @@ class SimUnit:
         measured = now_s - start_s
         self.cost_model.update(new, ctx, measured)
         mode = mode_of(dec_tok > 0, pre_tok > 0)
-        self.policy.observe_step(
-            StepFeedback(
-                mode, pre_tok, dec_tok, ctx, len(scheduled), measured, predicted, len(finished),
-                tuple(o.output_tokens for o in finished), tuple(o.prompt_tokens for o in finished),
-                len(self.running) + len(self.waiting),
+        policy = self.policy
+        if type(policy).observe_step is not _IGNORES_STEPS:  # no feedback built for a policy that ignores it
+            policy.observe_step(
+                StepFeedback(
+                    mode, pre_tok, dec_tok, ctx, len(scheduled), measured, predicted, len(finished),
+                    tuple([o.output_tokens for o in finished]), tuple([o.prompt_tokens for o in finished]),
+                    len(self.running) + len(self.waiting),
+                )
             )
-        )
         self.last_step_s = measured
         self._step_time_sum += measured
         self.num_steps += 1

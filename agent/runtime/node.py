@@ -49,11 +49,11 @@ from policies.types import DispatchDecision, HandoffRequest, Migration, PendingR
 
 # Event kinds, in the order they are processed when they share a time: step ends first, then transfer ends,
 # then dispatcher wake-ups, then arrivals, then step starts (so that every request arriving at an instant can
-# join the step that starts at that instant).
+# join the step that starts at that instant). Step starts are always due at the current instant: they wait in a
+# queue of their own (``Node._starts``, in the order they were asked for) instead of the heap.
 _STEP_END = 0
 _XFER = 1
 _TICK = 2
-_START = 3
 _ALL = -1
 """``unit_index`` of a lockstep step start or end (every unit at once)."""
 
@@ -124,6 +124,9 @@ class Node:
         measure queueing): it waits."""
         self._driver = _NodeDriver(self)
         self._heap: list[tuple[float, int, int, int]] = []
+        self._starts: list[int] = []
+        """Step starts due now, in the order they were asked for: unit indices, ``_ALL`` for a lockstep start."""
+        self._arrival_s = [r.arrival_s for r in self.arrivals]
         self._seq = 0
         self._tick_at: float | None = None
         self._start_pending = [False] * len(self.units)
@@ -153,47 +156,62 @@ class Node:
     def next_event_s(self) -> float | None:
         """Time of the next event, or None when the run is over."""
         t = self._heap[0][0] if self._heap else None
-        if self._next_arrival < len(self.arrivals):
-            a = self.arrivals[self._next_arrival].arrival_s
-            t = a if t is None else min(t, a)
+        if self._starts and (t is None or self.now_s < t):
+            t = self.now_s
+        if self._next_arrival < len(self._arrival_s):
+            a = self._arrival_s[self._next_arrival]
+            t = a if t is None or a < t else t
         return t
 
     def advance(self, until_s: float) -> None:
         """Process every event at or before ``until_s``."""
+        heap, starts, arrival_s = self._heap, self._starts, self._arrival_s
+        num_arrivals = len(arrival_s)
         while True:
-            t = self.next_event_s()
-            if t is None or t > until_s:
-                break
-            self.now_s = max(self.now_s, t)
-            top = self._heap[0] if self._heap else None
-            arrival_due = (
-                self._next_arrival < len(self.arrivals) and self.arrivals[self._next_arrival].arrival_s <= t
-            )
-            if top is not None and top[0] <= t and not (arrival_due and top[1] == _START):
-                _, kind, seq, unit_index = heapq.heappop(self._heap)
+            # The next event: the heap's first (step end, transfer, wake-up) unless an arrival comes strictly
+            # earlier; then the step starts due now (after everything else at this instant); then the arrival.
+            top = heap[0] if heap else None
+            i = self._next_arrival
+            a = arrival_s[i] if i < num_arrivals else None
+            if top is not None and (a is None or top[0] <= a) and (not starts or top[0] <= self.now_s):
+                t = top[0]
+                if t > until_s:
+                    break
+                if t > self.now_s:
+                    self.now_s = t
+                _, kind, seq, unit_index = heapq.heappop(heap)
                 if kind == _STEP_END:
                     if unit_index == _ALL:
                         if seq == self._lock_seq:
                             self._on_lockstep_end()
                     elif seq == self._step_end_seq[unit_index]:
                         self._on_step_end(unit_index)
-                elif kind == _START:
-                    if unit_index == _ALL:
-                        self._lock_start_pending = False
-                        self._start_lockstep()
-                    else:
-                        self._start_pending[unit_index] = False
-                        self._start_step(unit_index)
                 elif kind == _XFER:
                     self._on_transfer_due(self._xfer_at.pop(seq))
                 else:
                     self._tick_at = None
                     self._dispatch()
+            elif a is not None and (not starts or a <= self.now_s):
+                if a > until_s:
+                    break
+                if a > self.now_s:
+                    self.now_s = a
+                self._next_arrival = i + 1
+                self._on_arrival(self.arrivals[i])
+            elif starts:
+                if self.now_s > until_s:
+                    break
+                unit_index = starts.pop(0)
+                if unit_index == _ALL:
+                    self._lock_start_pending = False
+                    self._start_lockstep()
+                else:
+                    self._start_pending[unit_index] = False
+                    self._start_step(unit_index)
             else:
-                spec = self.arrivals[self._next_arrival]
-                self._next_arrival += 1
-                self._on_arrival(spec)
-        self.now_s = max(self.now_s, until_s)
+                break
+        if until_s > self.now_s:
+            self.now_s = until_s
 
     def run(
         self, clock: Clock | None = None, *, until_s: float | None = None, gc_control: GcController | None = None
@@ -232,10 +250,10 @@ class Node:
         if self.lockstep:
             if not self._lock_start_pending and not self._lock_members:
                 self._lock_start_pending = True
-                self._push(self.now_s, _START, _ALL)
+                self._starts.append(_ALL)
         elif not self._start_pending[index] and not self.units[index].busy:
             self._start_pending[index] = True
-            self._push(self.now_s, _START, index)
+            self._starts.append(index)
 
     def _on_arrival(self, spec: RequestSpec) -> None:
         ttft = spec.ttft_slo_ms / 1e3 if spec.ttft_slo_ms is not None else self.default_ttft_slo_s
