@@ -198,11 +198,16 @@ class RoutedEngineClient(EngineClient):  # type: ignore[misc]
 
         def output(delta: TokenDelta) -> RequestOutput:
             nonlocal cached, first
-            raw = delta.output
-            if isinstance(raw, RequestOutput):
-                out = RequestOutput(request_id, text, ids, raw.prompt_logprobs if first else None,
-                                    list(raw.outputs), raw.finished,
-                                    num_cached_tokens=cached if cached is not None else raw.num_cached_tokens)
+            out = delta.output
+            if isinstance(out, RequestOutput):
+                # The unit's own output, this request's alone (a delta: vLLM's collector hands over a fresh one each
+                # time), told the request's original id and prompt (after a migration the unit's prompt is the
+                # original one plus the tokens produced before).
+                out.request_id, out.prompt, out.prompt_token_ids = request_id, text, ids
+                if not first:
+                    out.prompt_logprobs = None
+                if cached is not None:
+                    out.num_cached_tokens = cached
             else:
                 out = _final_delta(request_id, text, ids, delta, sampling_params)
             if cached is None:
@@ -212,7 +217,7 @@ class RoutedEngineClient(EngineClient):  # type: ignore[misc]
             return out
 
         try:
-            async for delta in self._deltas(routed):
+            async for delta in routed:
                 out = output(delta)
                 finished = out.finished
                 if kind == RequestOutputKind.DELTA:
@@ -230,21 +235,15 @@ class RoutedEngineClient(EngineClient):  # type: ignore[misc]
                     merged.finished = finished
                 if kind == RequestOutputKind.CUMULATIVE or finished:
                     yield copy.deepcopy(merged) if not finished else merged
-        finally:
-            self._routed.pop(request_id, None)
-            if not finished:
-                routed.abort()  # the app left early (client gone) or the request failed: nothing stays behind
-
-    async def _deltas(self, routed: Routed) -> AsyncIterator[TokenDelta]:
-        """``routed``'s deltas; a refusal it ends with is raised as :class:`RequestRefused`."""
-        try:
-            async for delta in routed:
-                yield delta
-        except Exception as exc:
+        except Exception as exc:  # a refusal the request ended with goes to the app as RequestRefused
             status = self._refusal(exc)
             if status is None:
                 raise
             raise RequestRefused(str(exc), status) from None
+        finally:
+            self._routed.pop(request_id, None)
+            if not finished:
+                routed.abort()  # the app left early (client gone) or the request failed: nothing stays behind
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):

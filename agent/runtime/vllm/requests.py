@@ -7,6 +7,7 @@ cluster hears (:class:`ClusterObserver`).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -87,7 +88,10 @@ class RequestStream:
         self.outcome: RequestOutcome | None = None
         self.error: BaseException | None = None
         self._cluster = cluster
-        self._queue: asyncio.Queue[TokenDelta | object] | None = asyncio.Queue() if collect else None
+        self._items: deque[TokenDelta | object] | None = deque() if collect else None
+        """Deltas not yet iterated, then ``_END`` (which stays: a further ``__anext__`` ends again); a deque and one
+        waiter rather than an ``asyncio.Queue``, as vLLM's own output collector (fewer futures per token)."""
+        self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[RequestOutcome] | None = None
         self._done = asyncio.Event()
 
@@ -100,27 +104,31 @@ class RequestStream:
         return self
 
     async def __anext__(self) -> TokenDelta:
-        if self._queue is None:
+        items = self._items
+        if items is None:
             raise RuntimeError("submitted with collect=False: no deltas to iterate")
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)  # a further __anext__ ends (or raises) again
+        while not items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        item = items[0]
+        if item is _END:  # left in place: a further __anext__ ends (or raises) again
             if self.error is not None:
                 raise self.error
             raise StopAsyncIteration
+        items.popleft()
         assert isinstance(item, TokenDelta)
         return item
 
     def ready(self) -> list[TokenDelta]:
         """The deltas queued since the last one iterated, without waiting; the end of the stream (and an error)
         stays queued for the next ``__anext__``."""
-        queue = self._queue
+        items = self._items
         out: list[TokenDelta] = []
-        while queue is not None and not queue.empty():
-            item = queue.get_nowait()
-            if item is _END:  # the last item there is: put back, the queue is [end] again
-                queue.put_nowait(_END)
-                break
+        while items and items[0] is not _END:
+            item = items.popleft()
             assert isinstance(item, TokenDelta)
             out.append(item)
         return out
@@ -140,8 +148,15 @@ class RequestStream:
     # -- cluster side -----------------------------------------------------------------------------
     def _push(self, delta: TokenDelta) -> None:
         self.output_token_ids.extend(delta.token_ids)
-        if self._queue is not None:
-            self._queue.put_nowait(delta)
+        if self._items is not None:
+            self._put(delta)
+
+    def _put(self, item: TokenDelta | object) -> None:
+        assert self._items is not None
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _finish(self, outcome: RequestOutcome | None, error: BaseException | None) -> None:
         if self._done.is_set():
@@ -149,8 +164,8 @@ class RequestStream:
         self.outcome = outcome
         self.error = error
         self._done.set()
-        if self._queue is not None:
-            self._queue.put_nowait(_END)
+        if self._items is not None:
+            self._put(_END)
 
     def _on_task_done(self, task: asyncio.Task[RequestOutcome]) -> None:
         if task.cancelled():
