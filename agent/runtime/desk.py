@@ -18,8 +18,12 @@ What one round (:meth:`DispatchDesk.round`) does, in this order:
    (:meth:`DeskDriver.place`), so that the admission control of a later one sees the earlier ones.
 3. The requests the dispatcher rejects end, counted (:meth:`DeskDriver.rejected`).
 4. Every request still pending has waited one more round (``PendingRequest.cycles_waited``).
-5. The dispatcher's migrations go to the runtime (:meth:`DeskDriver.migrate`); how a request moves is the
-   runtime's (KV copy or recompute in the simulator, recompute on vLLM units).
+5. The dispatcher's migrations, one at a time (each checked when its turn comes, after the moves before it), by one
+   set of rules (:meth:`DispatchDesk.movable`): two different known units, the request on the named source and not
+   moving already, a target that takes moves (active: not paused, draining or failed). Those that pass go to the
+   runtime (:meth:`DeskDriver.move`), the others are counted (:meth:`DeskDriver.skip_move`). How a request moves is
+   the runtime's (KV copy or recompute in the simulator, recompute on vLLM units), and so are the limits of its
+   mechanism (a vLLM unit's request with no token left to produce, how many may move at once).
 6. With a ``pending_timeout_s``, a request that has waited that long since it was queued ends
    (:meth:`DeskDriver.rejected`, ``why="pending_timeout"``).
 7. The round returns when the dispatcher should be asked again with nothing new (its ``next_check_s``, or the next
@@ -92,8 +96,25 @@ class DeskDriver(Protocol[C]):
         """The dispatcher rejected the request, or it waited past the pending timeout: it ends, counted."""
         ...
 
-    def migrate(self, migrations: Sequence[Migration]) -> None:
-        """Start the moves the dispatcher asked for (the runtime skips and counts those it cannot make)."""
+    def where(self, request_id: str) -> int | None:
+        """The unit a request is on now (None: pending, finished, or not known)."""
+        ...
+
+    def moving(self, request_id: str) -> bool:
+        """Whether a request is being moved already."""
+        ...
+
+    def takes_moves(self, unit_id: int) -> bool:
+        """Whether a (known) unit may be the target of a move: active, not paused, draining or failed."""
+        ...
+
+    def move(self, migration: Migration) -> None:
+        """Start a move that passed the desk's rules now (the runtime skips and counts one its mechanism cannot
+        make)."""
+        ...
+
+    def skip_move(self, migration: Migration) -> None:
+        """A move the desk's rules turned down: count it."""
         ...
 
 
@@ -208,13 +229,28 @@ class DispatchDesk(Generic[C]):
         for rid, p in pending.items():
             pending[rid] = PendingRequest(p.request_id, p.arrival_s, p.prompt_tokens, p.ttft_slo_s, p.tpot_slo_s,
                                           p.cycles_waited + 1, p.prefix_hits)
-        if decision.migrations:
-            driver.migrate(decision.migrations)
+        for m in decision.migrations:
+            if self.movable(m, driver):
+                driver.move(m)
+            else:
+                driver.skip_move(m)
         expiry = self._expire(now, driver)
         if not pending:
             return None
         checks = [t for t in (decision.next_check_s, expiry) if t is not None]
         return max(min(checks), now) if checks else None
+
+    @staticmethod
+    def movable(m: Migration, driver: DeskDriver[C]) -> bool:
+        """Whether a migration passes the rules both runtimes apply (see the module's docstring)."""
+        return (
+            m.source_unit != m.target_unit
+            and driver.unit_access(m.source_unit) != "unknown"
+            and driver.unit_access(m.target_unit) != "unknown"
+            and driver.where(m.request_id) == m.source_unit
+            and not driver.moving(m.request_id)
+            and driver.takes_moves(m.target_unit)
+        )
 
     def _invalid(self, message: str) -> None:
         if self.strict:

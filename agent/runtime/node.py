@@ -411,29 +411,21 @@ class Node:
             out.append(load if self.unit_modes[i] == "active" else replace(load, healthy=False))
         return out
 
-    def _start_migrations(self, migrations: Sequence[Migration]) -> None:
-        by_id = {u.unit_id: i for i, u in enumerate(self.units)}
-        for m in migrations:
-            src, dst = by_id.get(m.source_unit), by_id.get(m.target_unit)
-            if (
-                src is None or dst is None or src == dst or m.request_id in self.transfers
-                or not self.units[src].has_request(m.request_id) or self.unit_modes[dst] != "active"
-                or self.unit_modes[src] == "failed"
-            ):
-                self.num_migrations_skipped += 1
-                continue
-            t = Transfer(m.request_id, src, dst, m.reason or "rebalance", self.now_s)
-            self.transfers[m.request_id] = t
-            source = self.units[src]
-            source.set_migrating(m.request_id, True)
-            if self.migration.mechanism == "live":
-                view = source.load(True).requests
-                tokens = next(r.computed_tokens for r in view if r.request_id == m.request_id)
-                self._xfer_at[self._push(self.now_s + self.migration.transfer_s(tokens), _XFER, -1)] = m.request_id
-            elif source.stepping(m.request_id):
-                t.switch_due = True
-            else:
-                self._switch(t)
+    def _start_migration(self, m: Migration) -> None:
+        """Start a move that passed the desk's rules (``DispatchDesk.movable``)."""
+        src, dst = self._index[m.source_unit], self._index[m.target_unit]
+        t = Transfer(m.request_id, src, dst, m.reason or "rebalance", self.now_s)
+        self.transfers[m.request_id] = t
+        source = self.units[src]
+        source.set_migrating(m.request_id, True)
+        if self.migration.mechanism == "live":
+            view = source.load(True).requests
+            tokens = next(r.computed_tokens for r in view if r.request_id == m.request_id)
+            self._xfer_at[self._push(self.now_s + self.migration.transfer_s(tokens), _XFER, -1)] = m.request_id
+        elif source.stepping(m.request_id):
+            t.switch_due = True
+        else:
+            self._switch(t)
 
     def _on_transfer_due(self, request_id: str) -> None:
         t = self.transfers.get(request_id)
@@ -621,5 +613,24 @@ class _NodeDriver:
         if node.on_request is not None:
             node.on_request("refused", state)
 
-    def migrate(self, migrations: Sequence[Migration]) -> None:
-        self.node._start_migrations(migrations)
+    def where(self, request_id: str) -> int | None:
+        node = self.node
+        state = node.states.get(request_id)
+        if state is None or state.unit_id is None:
+            return None
+        index = node._index[state.unit_id]
+        if node.unit_modes[index] == "failed" or not node.units[index].has_request(request_id):
+            return None
+        return state.unit_id
+
+    def moving(self, request_id: str) -> bool:
+        return request_id in self.node.transfers
+
+    def takes_moves(self, unit_id: int) -> bool:
+        return self.node.unit_modes[self.node._index[unit_id]] == "active"
+
+    def move(self, migration: Migration) -> None:
+        self.node._start_migration(migration)
+
+    def skip_move(self, migration: Migration) -> None:
+        self.node.num_migrations_skipped += 1

@@ -123,6 +123,8 @@ class VllmCluster:
         """Least time between two calls of a rebalancing dispatcher made for step records with nothing pending."""
         self.num_migrations = 0
         self.num_migrations_skipped = 0
+        self._round_migrating: int | None = None
+        """Requests migrating, counted at the round's first move and kept up to date through the round."""
         self._last_dispatch_s = -float("inf")
         self._next_check: float | None = None
         self._wake = asyncio.Event()
@@ -331,24 +333,22 @@ class VllmCluster:
         """Requests moved and not yet producing on their target."""
         return sum(1 for u in self.units for live in u.live.values() if live.migrating)
 
-    def _migrate(self, migrations: Sequence[Migration]) -> None:
-        """Carry out a dispatcher's migrations by recompute (see the module's docstring); skipped ones are counted."""
-        migrating = self.num_migrating()
-        for m in migrations:
-            if migrating >= self.max_migrations or not self._move(m):
-                self.num_migrations_skipped += 1
-                continue
-            migrating += 1
+    def _migrate(self, m: Migration) -> None:
+        """Carry out by recompute a migration that passed the desk's rules (``DispatchDesk.movable``; see the module's
+        docstring); one the mechanism cannot make now (``max_migrations`` moving already, nothing left to produce) is
+        skipped and counted."""
+        if self._round_migrating is None:  # counted once per dispatch round, then kept up to date
+            self._round_migrating = self.num_migrating()
+        if self._round_migrating >= self.max_migrations or not self._move(m):
+            self.num_migrations_skipped += 1
+            return
+        self._round_migrating += 1
 
     def _move(self, m: Migration) -> bool:
-        stream = self.streams.get(m.request_id)
-        source, target = self._by_unit.get(m.source_unit), self._by_unit.get(m.target_unit)
-        if (stream is None or stream.done or source is None or target is None or source is target
-                or stream.unit_id != source.unit_id or not self.accepting[target.unit_id]):
-            return False
-        task, live = stream._task, source.live.get(m.request_id)
-        if task is None or task.done() or live is None or live.migrating:
-            return False
+        stream = self.streams[m.request_id]
+        source, target = self._by_unit[m.source_unit], self._by_unit[m.target_unit]
+        task, live = stream._task, source.live[m.request_id]
+        assert task is not None
         r = stream.request
         produced = list(stream.output_token_ids)
         left = r.max_tokens - len(produced)
@@ -552,6 +552,7 @@ class _ClusterDriver:
         return refuses is not None and refuses(unit_id, prompt_tokens)
 
     def dispatching(self, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
+        self.cluster._round_migrating = None
         if self.cluster.observer is not None:
             self.cluster.observer.dispatching(loads, decision)
 
@@ -578,5 +579,25 @@ class _ClusterDriver:
             error = RequestRejected(f"the {name} dispatcher rejected the request")
         cluster._reject(stream, error)
 
-    def migrate(self, migrations: Sequence[Migration]) -> None:
-        self.cluster._migrate(migrations)
+    def where(self, request_id: str) -> int | None:
+        stream = self.cluster.streams.get(request_id)
+        if stream is None or stream.done or stream.unit_id is None or stream._task is None or stream._task.done():
+            return None
+        unit = self.cluster._by_unit[stream.unit_id]
+        return stream.unit_id if request_id in unit.live else None
+
+    def moving(self, request_id: str) -> bool:
+        stream = self.cluster.streams.get(request_id)
+        if stream is None or stream.unit_id is None:
+            return False
+        live = self.cluster._by_unit[stream.unit_id].live.get(request_id)
+        return live is not None and live.migrating
+
+    def takes_moves(self, unit_id: int) -> bool:
+        return self.cluster.accepting[unit_id]
+
+    def move(self, migration: Migration) -> None:
+        self.cluster._migrate(migration)
+
+    def skip_move(self, migration: Migration) -> None:
+        self.cluster.num_migrations_skipped += 1

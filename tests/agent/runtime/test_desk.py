@@ -37,6 +37,10 @@ class Driver:
     def __init__(self, budget: int = 10**9) -> None:
         self.budget = budget
         self.log: list[tuple[str, ...]] = []
+        self.on: dict[str, int] = {"r": 0}
+        """Where resident requests are (what a move may name as its source)."""
+        self.in_transit: set[str] = set()
+        self.paused: set[int] = set()
 
     def unit_access(self, unit_id: int) -> UnitAccess:
         return "closed" if unit_id == 9 else "open" if unit_id in (0, 1) else "unknown"
@@ -59,8 +63,21 @@ class Driver:
     def rejected(self, request: PendingRequest, why: RejectReason) -> None:
         self.log.append(("rejected", request.request_id, why))
 
-    def migrate(self, migrations: Sequence[Migration]) -> None:
-        self.log.append(("migrate", *(m.request_id for m in migrations)))
+    def where(self, request_id: str) -> int | None:
+        return self.on.get(request_id)
+
+    def moving(self, request_id: str) -> bool:
+        return request_id in self.in_transit
+
+    def takes_moves(self, unit_id: int) -> bool:
+        return unit_id not in self.paused and unit_id != 9
+
+    def move(self, migration: Migration) -> None:
+        self.in_transit.add(migration.request_id)  # as a runtime starting the move
+        self.log.append(("move", migration.request_id, str(migration.target_unit)))
+
+    def skip_move(self, migration: Migration) -> None:
+        self.log.append(("skip", migration.request_id, str(migration.target_unit)))
 
 
 def req(rid: str, arrival_s: float = 0.0, prompt: int = 10) -> PendingRequest:
@@ -147,7 +164,32 @@ def test_no_check_is_asked_for_when_nothing_waits_and_a_rebalancer_is_asked_with
     assert not desk.wants_round(plain) and desk.wants_round(rebalancer)
     driver = Driver()
     assert desk.round(rebalancer, (), 0.0, driver) is None
-    assert driver.log == [("dispatching",), ("migrate", "r")] and rebalancer.shown == [[]]
+    assert driver.log == [("dispatching",), ("move", "r", "1")] and rebalancer.shown == [[]]
+
+
+def test_migrations_pass_one_set_of_rules_each_checked_after_the_moves_before_it() -> None:
+    desk: DispatchDesk[str] = DispatchDesk()
+    driver = Driver()
+    driver.on.update({"s": 1, "t": 0, "u": 0})
+    driver.in_transit.add("t")
+    driver.paused.add(1)
+    moves = (
+        Migration("r", 0, 1),  # target paused
+        Migration("r", 0, 0),  # same unit
+        Migration("r", 0, 7),  # unknown target
+        Migration("s", 0, 1),  # not on the named source
+        Migration("t", 0, 1),  # moving already
+        Migration("zz", 0, 1),  # not on any unit
+        Migration("u", 0, 9),  # target closed
+    )
+    desk.round(Rebalancer(DispatchDecision(migrations=moves)), (), 0.0, driver)
+    assert [e[0] for e in driver.log[1:]] == ["skip"] * len(moves)
+    driver.paused.clear()
+    driver.log.clear()
+    twice = (Migration("r", 0, 1), Migration("r", 0, 1), Migration("u", 0, 1))
+    desk.round(Rebalancer(DispatchDecision(migrations=twice)), (), 0.0, driver)
+    assert driver.log[1:] == [("move", "r", "1"), ("skip", "r", "1"), ("move", "u", "1")], \
+        "the second move of r is checked after the first started"
 
 
 def test_remove_takes_a_request_off_the_queue_once() -> None:
