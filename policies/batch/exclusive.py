@@ -12,7 +12,13 @@ What the policy does with them:
 * ``theta``: fixed when the parameter is > 0, else ``theta*`` = :func:`optimal_theta` over the empirical
   survival curve of the last ``window`` finished requests and the phase costs fitted online from this unit's
   own steps (:class:`PhaseCostEstimator`), recomputed every ``update_every`` completions once
-  ``min_samples`` are in; until then ``theta_init``.
+  ``min_samples`` are in; until then ``theta_init``. It is optimized for ``N = max_batch or max_num_seqs``
+  (``theta_slots=max``, the default) even when the memory-safe ``N`` below is smaller; the paper (seed 002,
+  section 3.4) evaluates its IFR correction at the previous cycle's ``N``, which ``theta_slots=in_use``
+  does. ``survival=linear_hazard`` replaces the empirical curve by the paper's estimator (a linear hazard
+  fitted up to the 95th percentile, :func:`policies.batch.eb_survival.linear_hazard_survival`) for
+  ``theta*``, ``t*`` and the reserve; both options are off by default so that the simulator's pinned
+  outcomes do not move (docs/policies.md, "Fidelity to the papers").
 * ``N = min(max_batch or max_num_seqs, N_safe)``, ``N_safe`` = :func:`memory_safe_batch_size` over the same
   window with the unit's KV capacity and ``delta`` (off with ``memory_safe=false``), recomputed every
   ``memory_update_every`` completions: it is a Monte Carlo of tens of milliseconds, run inside ``plan()``.
@@ -35,7 +41,7 @@ from policies.batch.common import chunk
 from policies.batch.eb_costs import PhaseCostEstimator
 from policies.batch.eb_memory import kv_reserve_blocks, memory_safe_batch_size
 from policies.batch.eb_model import optimal_theta
-from policies.batch.eb_survival import LengthWindow, phase_end_iteration
+from policies.batch.eb_survival import LengthWindow, SurvivalModel, phase_end_iteration
 from policies.params import MAX_EVENTS, MAX_KV_BLOCKS, MAX_REQUESTS, MAX_STEP_TOKENS, ParamSpec
 from policies.types import ReasonValue, RequestView, ScheduledTokens, StepFeedback, StepMode, StepPlan, UnitView
 
@@ -68,6 +74,14 @@ EB_PARAMS: tuple[ParamSpec, ...] = (
               unit="requests", min=1, max=MAX_EVENTS),
     ParamSpec("token_budget", "int", 0, "tokens per prefill step; 0 = the unit's max_num_batched_tokens",
               unit="tokens", min=0, max=MAX_STEP_TOKENS),
+    ParamSpec("survival", "str", "empirical",
+              "survival curve of theta*, t* and the reserve: the window's empirical one, or linear_hazard (seed 002 "
+              "3.4's estimator: a linear hazard fitted by weighted least squares up to the 95th percentile)",
+              choices=("empirical", "linear_hazard")),
+    ParamSpec("theta_slots", "str", "max",
+              "N that theta* is optimized for: max (max_batch or max_num_seqs) or in_use (the N in use, the last "
+              "memory-safe N included: seed 002 3.4's one-step fixed point on the previous cycle's N)",
+              choices=("max", "in_use")),
 )
 
 
@@ -93,6 +107,8 @@ class ExclusiveBatching(BatchPolicy):
         self.update_every = int(p["update_every"])
         self.memory_update_every = int(p["memory_update_every"])
         self.token_cap = int(p["token_budget"])
+        self.survival_model: SurvivalModel = "linear_hazard" if p["survival"] == "linear_hazard" else "empirical"
+        self.theta_in_use = p["theta_slots"] == "in_use"
         if not hasattr(self, "window"):
             self.window = LengthWindow(int(p["window"]))
             self.estimator: PhaseCostEstimator | None = None
@@ -138,12 +154,15 @@ class ExclusiveBatching(BatchPolicy):
             self.estimator = PhaseCostEstimator(unit.cost)
         if len(self.window) < self.min_samples:
             return
-        survival = self.window.survival()
+        survival = self.window.survival(model=self.survival_model)
         n_cap = self.max_batch or unit.max_num_seqs
         theta = self.theta
         if self.theta_fixed <= 0.0:
+            # theta* depends on N only through the increasing-hazard terms; ``theta_slots=in_use`` optimizes for
+            # the N in use (the last memory-safe N), as the paper's one-step fixed point does.
+            n_theta = self._slots(unit) if self.theta_in_use else n_cap
             theta = optimal_theta(
-                survival, self.estimator.costs(), n_cap, self.window.mean_prompt, self.theta_lo, self.theta_hi
+                survival, self.estimator.costs(), n_theta, self.window.mean_prompt, self.theta_lo, self.theta_hi
             )
             self.theta_star = theta
         if self.memory_safe and (self.n_safe is None or self._since_memory >= self.memory_update_every):
