@@ -16,6 +16,10 @@ One run, one model, one GPU, the same engine settings on both sides:
    the requests wait at the dispatcher until the restarted engine takes them by recompute; the bench's
    ``completed``/``failed`` count what was lost. The unit's mode is polled every 0.5 s (failed, then active).
 
+Each bench run also records the CPU time its server used (``cpu``: the server process, the front end, and its
+descendants, the engine core among them, from ``/proc``; per output token), so that a gap in throughput can be put
+on the front end or on the engine side.
+
 Both servers get the model folder with a tokenizer made here (:mod:`agent.engine.vllm.tiny_tokenizer`, filled to
 the model's vocabulary) when the folder has none, so text prompts work with dummy weights and no download.
 Everything goes to ``--out`` as it is measured (``compare.json``, the bench's result files, each server's log),
@@ -143,6 +147,66 @@ def bench_cmd(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: in
     return cmd + (["--max-concurrency", str(concurrency)] if concurrency else [])
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children...), from ``/proc`` (Linux); [] elsewhere."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds of one process so far (``/proc/PID/stat``); None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of a server process and of its descendants between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.wall_s = time.monotonic()
+        self.own = cpu_s(pid) or 0.0
+        self.kids = {k: cpu_s(k) or 0.0 for k in descendants(pid)}
+
+    def stop(self, output_tokens: float | None) -> dict[str, Any]:
+        """``server_s`` (the process itself: the front end), ``children_s`` (its descendants that lived through the
+        run: the engine core), each per output token in microseconds, and the share of the wall time."""
+        wall = max(1e-9, time.monotonic() - self.wall_s)
+        own = (cpu_s(self.pid) or self.own) - self.own
+        kids = sum(max(0.0, (cpu_s(k) or v) - v) for k, v in self.kids.items())
+        out: dict[str, Any] = {"wall_s": round(wall, 2), "server_s": round(own, 2), "children_s": round(kids, 2),
+                               "server_busy": round(own / wall, 3)}
+        if output_tokens:
+            out["server_us_per_output_token"] = round(1e6 * own / output_tokens, 1)
+            out["children_us_per_output_token"] = round(1e6 * kids / output_tokens, 1)
+        return out
+
+
+def metered(run: Run, server: subprocess.Popen[bytes] | None, base_url: str, tokenizer: str, name: str,
+            **kwargs: Any) -> dict[str, Any]:
+    """:func:`bench`, with the ``server``'s CPU time over the run (``cpu``) when there is one."""
+    meter = CpuMeter(server.pid) if server is not None else None
+    summary = bench(run, base_url, tokenizer, name, **kwargs)
+    if meter is not None:
+        tokens = summary.get("output_throughput")
+        duration = summary.get("duration")
+        summary["cpu"] = meter.stop(tokens * duration if tokens and duration else None)
+        run.log(f"  {name}: cpu {summary['cpu']}")
+    return summary
+
+
 def bench(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: int, rate: str, concurrency: int | None,
           input_len: int, output_len: int) -> dict[str, Any]:
     """One ``vllm bench serve`` run to its end; its summary."""
@@ -227,13 +291,13 @@ def _side(run: Run, args: argparse.Namespace, label: str, proc: subprocess.Popen
     run.result[label]["start_s"] = round(wait_healthy(f"http://127.0.0.1:{port}/health", proc, args.start_timeout), 1)
     run.log(f"{label}: healthy after {run.result[label]['start_s']} s")
     base = f"http://127.0.0.1:{port}"
-    run.result[label]["saturate"] = bench(run, base, tokenizer, f"{label}-saturate", prompts=args.prompts,
-                                          rate="inf", concurrency=args.concurrency, input_len=args.input_len,
-                                          output_len=args.output_len)
+    run.result[label]["saturate"] = metered(run, proc, base, tokenizer, f"{label}-saturate", prompts=args.prompts,
+                                            rate="inf", concurrency=args.concurrency, input_len=args.input_len,
+                                            output_len=args.output_len)
     run.save()
-    run.result[label]["poisson"] = bench(run, base, tokenizer, f"{label}-poisson", prompts=args.rate_prompts,
-                                         rate=str(args.rate), concurrency=None, input_len=args.input_len,
-                                         output_len=args.output_len)
+    run.result[label]["poisson"] = metered(run, proc, base, tokenizer, f"{label}-poisson", prompts=args.rate_prompts,
+                                           rate=str(args.rate), concurrency=None, input_len=args.input_len,
+                                           output_len=args.output_len)
     run.save()
     return True
 

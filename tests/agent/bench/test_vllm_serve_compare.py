@@ -5,13 +5,25 @@ resolves to one unit on GPU 0 (``--dry-run``, no GPU needed)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
 
-from agent.bench.vllm_serve_compare import agent_cmd, engine_args, parser, plain_cmd, without_flag
+from agent.bench.vllm_serve_compare import (
+    CpuMeter,
+    agent_cmd,
+    descendants,
+    engine_args,
+    parser,
+    plain_cmd,
+    without_flag,
+)
 from agent.cli.main import main as trackside
 
 pytestmark = pytest.mark.vllm
@@ -62,3 +74,20 @@ def test_the_agents_command_resolves_to_one_unit_on_gpu_0(tmp_path: Path, capsys
     engine = plan["units"][0]["engine_args"]
     assert (engine["load_format"], engine["max_num_seqs"], engine["async_scheduling"]) == ("dummy", 512, True)
     assert plan["tokenizer"] == str(tmp_path)  # the model folder: the script writes its tokenizer there
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_the_cpu_meter_puts_a_busy_child_on_the_children_side() -> None:
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        assert child.pid in descendants(os.getpid())
+        meter = CpuMeter(os.getpid())
+        time.sleep(1.5)  # the child burns its 0.4 s of CPU meanwhile; this process sleeps
+        cpu = meter.stop(output_tokens=1000)
+    finally:
+        child.kill()
+        child.wait()
+    assert cpu["children_s"] >= 0.2 and cpu["server_s"] < 0.2
+    assert cpu["children_us_per_output_token"] == pytest.approx(1e3 * cpu["children_s"], rel=0.05)
+    assert 0 <= cpu["server_busy"] < 0.2
