@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
              "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager", "gpus",
              "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "no_restart", "engine_hang_s",
-             "pending_timeout_s", "openai_arg")
+             "pending_timeout_s", "openai_arg", "restart_attempts")
 """Flags of ``--engine vllm`` only (a simulated agent refuses them)."""
 SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "migration": "live", "speed": 1.0}
 """Flags of simulated units only, with their defaults (``--engine vllm`` refuses any other value)."""
@@ -53,6 +53,9 @@ def add_vllm_options(agent: Any) -> None:
                    "chat_template=FILE, api_key=KEY, enable_auto_tool_choice=true, response_role=...")
     v.add_argument("--no-restart", action="store_true",
                    help="leave a unit whose engine died failed (default: restart it, after 1 s doubling to 60 s)")
+    v.add_argument("--restart-attempts", type=int, metavar="N",
+                   help="give up restarting a failed unit after N attempts that could not start an engine (it stays "
+                   "failed until `ctl recover-unit`; default 10, about 5 minutes of backoff; 0: never give up)")
     v.add_argument("--engine-hang-s", type=float, metavar="S",
                    help="an engine core that makes no step for this long while its unit has requests is hung: it is "
                    "killed and its unit failed like a dead one (default 60; 0: never)")
@@ -119,6 +122,8 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
                  "pipeline_parallel_size"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ServeError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.restart_attempts is not None and args.restart_attempts < 0:
+        raise ServeError("--restart-attempts must be >= 0 (0: no limit)")
     for flag in ("engine_hang_s", "pending_timeout_s"):
         if getattr(args, flag) is not None and not getattr(args, flag) >= 0:
             raise ServeError(f"--{flag.replace('_', '-')} must be >= 0 (0: no limit)")
@@ -169,6 +174,8 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         config = replace(config, engine_hang_s=args.engine_hang_s or None)
     if args.pending_timeout_s is not None:
         config = replace(config, pending_timeout_s=args.pending_timeout_s or None)
+    if args.restart_attempts is not None:  # 0: no limit
+        config = replace(config, restart_attempts=args.restart_attempts or None)
     if config.openai_args:  # vLLM's parser checks them before any engine starts
         from agent.engine.vllm.openai_app import FrontendArgError, frontend_namespace, frontend_tokens
 
@@ -215,7 +222,8 @@ def dry_run_document(args: argparse.Namespace, plan: dict[str, Any], config: Vll
                      "num_requests": len(config.requests)} if config.requests else None,
         "control": args.token_file is not None, "read_token": args.read_token_file is not None,
         "config": str(args.config) if args.config else None,
-        "restart": config.restart, "engine_hang_s": config.engine_hang_s, "pending_timeout_s": config.pending_timeout_s,
+        "restart": config.restart, "restart_attempts": config.restart_attempts, "engine_hang_s": config.engine_hang_s,
+        "pending_timeout_s": config.pending_timeout_s,
         "openai_args": list(config.openai_args),
     }
 

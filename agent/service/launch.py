@@ -27,7 +27,7 @@ from agent.engine.vllm.plan import FAKE_MODEL
 from agent.engine.vllm.unit import ENGINE_HANG_S, VllmUnit
 from agent.runtime.gc_control import freeze_startup_heap
 from agent.runtime.port import LiveNode
-from agent.runtime.vllm.cluster import PENDING_TIMEOUT_S, VllmCluster
+from agent.runtime.vllm.cluster import PENDING_TIMEOUT_S, RESTART_ATTEMPTS, VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode
 from agent.runtime.vllm.restarts import backoff
 from agent.service.guard import ConnectionLimits
@@ -73,6 +73,9 @@ class VllmAgentConfig:
     seed: int = 0
     restart: bool = True
     """Restart a unit whose engine died, with backoff (``agent.runtime.vllm.restarts.backoff``)."""
+    restart_attempts: int | None = RESTART_ATTEMPTS
+    """Restart attempts after a failure before giving up (the unit stays failed until ``recover-unit``); None: no
+    limit."""
     engine_hang_s: float | None = ENGINE_HANG_S
     """An engine core that makes no step for this long while its unit has requests is killed and its unit failed
     (``VllmUnit.hang_s``); None: never."""
@@ -151,6 +154,7 @@ async def run_agent(
                   f"{model_config.max_model_len} tokens left out", file=out)
         cluster = VllmCluster(units, dispatcher, ttft_slo_s=config.ttft_slo_s, tpot_slo_s=config.tpot_slo_s,
                               restart_delays=backoff if config.restart else None,
+                              restart_attempts=config.restart_attempts,
                               pending_timeout_s=config.pending_timeout_s)
         node = LiveVllmNode(cluster, policies, requests=requests, vocab=int(model_config.get_vocab_size()),
                             seed=config.seed)

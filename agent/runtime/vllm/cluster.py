@@ -31,7 +31,8 @@ requests are evacuated: each goes back to the front of the dispatcher's queue wi
 unit the dispatcher places it on gets it by the same recompute path as a migration (reason ``unit_failed``), so its
 stream goes on. With no unit left to take it, a request waits at the dispatcher (or the dispatcher rejects it).
 With ``restart_delays`` (a backoff, :func:`~agent.runtime.vllm.restarts.backoff`), a failed unit is restarted after
-each delay in turn until a fresh engine starts (:meth:`~agent.engine.vllm.unit.VllmUnit.restart`); it then rejoins,
+each delay in turn until a fresh engine starts (:meth:`~agent.engine.vllm.unit.VllmUnit.restart`), at most
+``restart_attempts`` times (then it stays failed, and the observer hears ``unit_failed`` again with why); it rejoins,
 empty (``unit_restarted``).
 A unit whose engine hangs is killed by its own watchdog and goes the same way.
 
@@ -70,6 +71,8 @@ from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
 
 PENDING_TIMEOUT_S = 30.0
 """How long a request may wait at the dispatcher for a unit by default before it is rejected."""
+RESTART_ATTEMPTS = 10
+"""Restart attempts after a failure before the backoff gives up, by default (1 s doubling to 60 s: about 5 minutes)."""
 
 
 class VllmCluster:
@@ -79,7 +82,8 @@ class VllmCluster:
                  tpot_slo_s: float, clock: Callable[[], float] = time.time, max_migrations: int = 8,
                  rebalance_interval_s: float = 0.005,
                  restart_delays: Callable[[], Iterator[float]] | None = None,
-                 pending_timeout_s: float | None = PENDING_TIMEOUT_S) -> None:
+                 pending_timeout_s: float | None = PENDING_TIMEOUT_S,
+                 restart_attempts: int | None = RESTART_ATTEMPTS) -> None:
         if not units:
             raise ValueError("a cluster needs at least one unit")
         self.units = list(units)
@@ -110,9 +114,11 @@ class VllmCluster:
         self.failed: dict[int, str] = {}
         """Units whose engine core died, by id, with the reason (closed until a restart brings them back)."""
         self.num_evacuated = 0
-        self.restarts = Restarts(restart_delays, self._rejoin)
+        self.restarts = Restarts(restart_delays, self._rejoin, max_attempts=restart_attempts,
+                                 gave_up=self._gave_up)
         """Failed units' restarts: after a fresh backoff from ``restart_delays`` for each failure (None: failed units
-        stay failed), or at once on :meth:`recover_unit`."""
+        stay failed), giving up after ``restart_attempts`` failed attempts (None: never), or at once on
+        :meth:`recover_unit`."""
         self.num_restarts = 0
         self._held: set[int] = set()
         """Units failed on request (:meth:`fail_unit`): never restarted by the backoff."""
@@ -433,6 +439,14 @@ class VllmCluster:
             self.restarts.after_backoff(unit)
         self.dispatch()
         return moved
+
+    def _gave_up(self, unit: VllmUnit, num_attempts: int, error: str) -> None:
+        """The backoff could not start a fresh engine: the unit stays failed (``recover_unit`` tries again), and the
+        observer hears of it as of a failure, with why."""
+        reason = f"gave up restarting after {num_attempts} attempts (the last: {error})"
+        self.failed[unit.unit_id] = reason
+        if self.observer is not None:
+            self.observer.unit_failed(unit, reason, 0)
 
     def _rejoin(self, unit: VllmUnit, num_attempts: int | None) -> None:
         """Open a failed unit again: restarted after ``num_attempts`` (``unit_restarted``), or with its engine as it

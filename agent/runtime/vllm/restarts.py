@@ -4,6 +4,9 @@
 unit, a backoff's delays one after another until a fresh engine starts
 (:meth:`~agent.engine.vllm.unit.VllmUnit.restart`), then ``rejoin(unit, attempts)``. Each failure gets a fresh
 backoff (``delays``); without one (``--no-restart``) failed units stay failed until an operator recovers them.
+With ``max_attempts``, a backoff gives up after that many failed attempts (an engine that cannot start: no GPU
+memory, a GPU error): the unit stays failed, ``gave_up(unit, attempts, error)`` is told, and an operator's
+``recover-unit`` tries again.
 """
 
 from __future__ import annotations
@@ -30,9 +33,15 @@ class Restarts:
     """The restart tasks of a cluster's units (see the module's docstring)."""
 
     def __init__(self, delays: Callable[[], Iterator[float]] | None,
-                 rejoin: Callable[[VllmUnit, int], None]) -> None:
+                 rejoin: Callable[[VllmUnit, int], None], *, max_attempts: int | None = None,
+                 gave_up: Callable[[VllmUnit, int, str], None] | None = None) -> None:
+        if max_attempts is not None and max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1 (None: no limit)")
         self.delays = delays
         """A fresh backoff (delays in seconds) for each failure; None: no restart after a failure."""
+        self.max_attempts = max_attempts
+        """Attempts a backoff makes before it gives up (None: no limit)."""
+        self._gave_up = gave_up
         self._rejoin = rejoin
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._restarting: set[int] = set()
@@ -90,8 +99,14 @@ class Restarts:
             attempts += 1
             try:
                 await self._attempt(unit)
-            except Exception:  # vLLM's start failed (no memory, no GPU...): try again after the next delay
+            except Exception as exc:  # vLLM's start failed (no memory, no GPU...): try again after the next delay
                 log.exception("unit %s: restart attempt %d failed", unit.unit_id, attempts)
+                if self.max_attempts is not None and attempts >= self.max_attempts:
+                    self._tasks.pop(unit.unit_id, None)
+                    log.error("unit %s: gave up restarting after %d attempts", unit.unit_id, attempts)
+                    if self._gave_up is not None:
+                        self._gave_up(unit, attempts, f"{type(exc).__name__}: {exc}")
+                    return
                 continue
             self._tasks.pop(unit.unit_id, None)
             self._rejoin(unit, attempts)

@@ -128,7 +128,7 @@ def test_units_on_gpu_groups() -> None:
 # -- the command line ---------------------------------------------------------------------------------------
 def test_simulated_units_take_none_of_it(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in (["--dry-run"], ["--gpus", "0"], ["--tensor-parallel-size", "2"], ["--engine-arg", "dtype=half"],
-                 ["--engine-hang-s", "5"], ["--pending-timeout-s", "5"]):
+                 ["--engine-hang-s", "5"], ["--pending-timeout-s", "5"], ["--restart-attempts", "3"]):
         assert error_of(capsys, "--workload", "poisson:n=5", *flag) == f"{flag[0]} applies to --engine vllm"
 
 

@@ -264,3 +264,12 @@ def test_engine_fault_limits_from_flags_and_a_config_file(tmp_path: Path, capsys
     assert (plan["engine_hang_s"], plan["pending_timeout_s"]) == (2.5, 10.0)
     assert error_of(capsys, "--engine-hang-s", "-1") == "--engine-hang-s must be >= 0 (0: no limit)"
     assert error_of(capsys, "--pending-timeout-s", "nan") == "--pending-timeout-s must be >= 0 (0: no limit)"
+
+
+def test_restart_attempts_from_a_flag_and_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert dry_run(capsys)["restart_attempts"] == 10
+    assert dry_run(capsys, "--restart-attempts", "0")["restart_attempts"] is None  # 0: never give up
+    path = tmp_path / "node.toml"
+    path.write_text("restart_attempts = 3\n")
+    assert dry_run(capsys, "--config", str(path))["restart_attempts"] == 3
+    assert error_of(capsys, "--restart-attempts", "-2") == "--restart-attempts must be >= 0 (0: no limit)"
