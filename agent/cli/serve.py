@@ -243,12 +243,13 @@ def agent_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
 
 
 # -- agent --------------------------------------------------------------------------------------------------
-def make_node(config: BenchConfig, requests: Sequence[RequestSpec]) -> Node:
-    """Fresh simulated units and dispatcher for ``config`` (requests too long for the model are dropped)."""
+def make_node(config: BenchConfig, requests: Sequence[RequestSpec], *, keep_finished: bool = True) -> Node:
+    """Fresh simulated units and dispatcher for ``config`` (requests too long for the model are dropped);
+    ``keep_finished=False`` for a live agent (``Node.states`` then holds only the requests in flight)."""
     profile = load_profile(config.profile)
     batch_params, dispatch_params = split_params(config.params, config.batch_policy, config.dispatch)
     runnable = [r for r in requests if r.prompt_tokens < profile.max_model_len]
-    return build_node(config, profile, runnable, batch_params, dispatch_params)
+    return build_node(config, profile, runnable, batch_params, dispatch_params, keep_finished=keep_finished)
 
 
 
@@ -283,7 +284,7 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
         config.roles()
     except ValueError as exc:
         raise ServeError(str(exc)) from None
-    node = make_node(config, requests)
+    node = make_node(config, requests, keep_finished=False)  # it may run for months: in flight only
     hub = Hub(node, node_id=args.node_id, profile=args.profile, token=token, read_token=read_only,
               replay_capacity=args.replay_events, slack_sample_ms=args.slack_sample_ms)
     tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None

@@ -80,6 +80,7 @@ class Node:
         lockstep: bool = False,
         migration: MigrationConfig | None = None,
         pending_timeout_s: float | None = None,
+        keep_finished: bool = True,
     ) -> None:
         if not units:
             raise ValueError("a node needs at least one unit")
@@ -116,6 +117,11 @@ class Node:
         self.on_preempt = on_preempt
         """Optional hook (telemetry) called at the end of a step that preempted requests."""
         self.states: dict[str, RequestState] = {}
+        """Every request that arrived, by id; with ``keep_finished=False`` (a live agent that runs for months) only
+        those not yet finished or rejected: an ended request leaves once its hooks have run (the stream and the
+        recorder have it), so the node's memory does not grow with the requests it served."""
+        self.keep_finished = keep_finished
+        self._num_arrived = 0
         self.desk: DispatchDesk[Migrant] = DispatchDesk(strict=True, pending_timeout_s=pending_timeout_s)
         """The requests at the dispatcher and the dispatch round over them (``agent.runtime.desk``, as on live vLLM
         units; strict: a decision that cannot be applied raises); a request back from a failed unit carries its
@@ -259,6 +265,7 @@ class Node:
         ttft = spec.ttft_slo_ms / 1e3 if spec.ttft_slo_ms is not None else self.default_ttft_slo_s
         tpot = spec.tpot_slo_ms / 1e3 if spec.tpot_slo_ms is not None else self.default_tpot_slo_s
         self.states[spec.request_id] = RequestState(spec, ttft, tpot)
+        self._num_arrived += 1
         self.desk.add(PendingRequest(spec.request_id, spec.arrival_s, spec.prompt_tokens, ttft, tpot), self.now_s)
         if self.on_request is not None:
             self.on_request("arrived", self.states[spec.request_id])
@@ -319,6 +326,8 @@ class Node:
             self.num_finished += 1
             if self.on_finish is not None:
                 self.on_finish(outcome)
+            if not self.keep_finished:
+                del self.states[outcome.request_id]
         if self.transfers:
             for rid in [rid for rid, t in self.transfers.items() if t.switch_due and t.source_index == index]:
                 self._switch(self.transfers[rid])
@@ -518,7 +527,7 @@ class Node:
     @property
     def num_arrived(self) -> int:
         """Requests that reached the dispatcher so far."""
-        return len(self.states)
+        return self._num_arrived
 
     @property
     def num_pending(self) -> int:
@@ -601,6 +610,8 @@ class _NodeDriver:
         node.num_refused += 1
         if node.on_request is not None:
             node.on_request("refused", state)
+        if not node.keep_finished:
+            del node.states[request.request_id]
 
     def rejected(self, request: PendingRequest, why: RejectReason) -> None:
         node = self.node
@@ -612,6 +623,8 @@ class _NodeDriver:
         node.num_rejected += 1
         if node.on_request is not None:
             node.on_request("refused", state)
+        if not node.keep_finished:
+            del node.states[request.request_id]
 
     def where(self, request_id: str) -> int | None:
         node = self.node

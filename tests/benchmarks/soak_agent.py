@@ -1,0 +1,105 @@
+"""Soak: does a live agent's memory stay flat while requests pass? (issue #21, item 9)
+
+    python tests/benchmarks/soak_agent.py [--minutes 60] [--sample-s 60] [--rate 10] [--speed 10] [--units 4]
+
+Starts ``trackside agent --units U --workload poisson:n=...,rate=R --speed S`` (R x S requests per second of wall
+time: 100 by default) with one ``trackside record`` attached writing a DuckDB file, samples the resident memory
+(RSS, from ``/proc``) of both every ``--sample-s`` seconds for ``--minutes``, then stops both and prints the
+table and the growth of each after the first five minutes (the target: under 5 MB over an hour). Linux only;
+asserts nothing. ``--engine vllm`` is not covered here (the fake executor's units keep bounded histories,
+``agent.engine.vllm.history``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process in MiB; None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def growth_after(samples: list[tuple[float, float | None]], warmup_s: float) -> float | None:
+    """RSS growth (MiB) from the first sample at or after ``warmup_s`` to the last; None without two such samples."""
+    later = [mb for t, mb in samples if t >= warmup_s and mb is not None]
+    return later[-1] - later[0] if len(later) >= 2 else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--sample-s", type=float, default=60.0)
+    ap.add_argument("--rate", type=float, default=10.0, help="requests per node second (default 10)")
+    ap.add_argument("--speed", type=float, default=10.0, help="node seconds per real second (default 10)")
+    ap.add_argument("--units", type=int, default=4)
+    ap.add_argument("--port", type=int, default=7793)
+    ap.add_argument("--warmup-min", type=float, default=5.0, help="growth is counted after this (default 5)")
+    args = ap.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="soak-"))
+    n = int(args.rate * args.speed * args.minutes * 60 * 1.2) + 1000  # more than the soak can use
+    url = f"ws://127.0.0.1:{args.port}"
+    with contextlib.ExitStack() as logs:
+        agent_log = logs.enter_context(open(out / "agent.log", "w"))
+        record_log = logs.enter_context(open(out / "record.log", "w"))
+        return soak(args, out, n, url, agent_log, record_log)
+
+
+def soak(args: argparse.Namespace, out: Path, n: int, url: str, agent_log: IO[str], record_log: IO[str]) -> int:
+    agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--units", str(args.units), "--workload",
+                              f"poisson:n={n},rate={args.rate:g}", "--speed", f"{args.speed:g}", "--listen",
+                              f"127.0.0.1:{args.port}"], stdout=subprocess.DEVNULL, stderr=agent_log)
+    time.sleep(8)  # the agent builds its workload and starts listening
+    recorder = subprocess.Popen([sys.executable, "-m", "agent.cli", "record", "--db", str(out / "soak.duckdb"), url],
+                                stdout=subprocess.DEVNULL, stderr=record_log)
+    start = time.monotonic()
+    rows: list[tuple[float, float | None, float | None]] = []
+    try:
+        while (elapsed := time.monotonic() - start) < args.minutes * 60:
+            rows.append((elapsed, rss_mb(agent.pid), rss_mb(recorder.pid)))
+            a, r = rows[-1][1], rows[-1][2]
+            print(f"{elapsed / 60:6.1f} min  agent {a if a is None else round(a, 1)} MB  "
+                  f"recorder {r if r is None else round(r, 1)} MB", flush=True)
+            if agent.poll() is not None or recorder.poll() is not None:
+                print("a process ended early: see", out, file=sys.stderr)
+                break
+            time.sleep(args.sample_s)
+        rows.append((time.monotonic() - start, rss_mb(agent.pid), rss_mb(recorder.pid)))
+    finally:
+        for proc in (recorder, agent):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (recorder, agent):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    warm = args.warmup_min * 60
+    print(f"\nmachine: {os.cpu_count()} CPUs; {args.units} units, {args.rate * args.speed:g} requests per wall second, "
+          f"{args.minutes:g} min; files in {out}")
+    print("| minute | agent RSS MB | recorder RSS MB |\n|---|---|---|")
+    for t, a, r in rows:
+        print(f"| {t / 60:.1f} | {a if a is None else f'{a:.1f}'} | {r if r is None else f'{r:.1f}'} |")
+    for name, k in (("agent", 1), ("recorder", 2)):
+        g = growth_after([(row[0], row[k]) for row in rows], warm)
+        print(f"{name}: growth after {args.warmup_min:g} min: " + ("n/a" if g is None else f"{g:+.1f} MB"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
