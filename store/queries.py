@@ -114,7 +114,9 @@ def policy_summary(
                 quantile_cont({tpot}, [0.5, 0.9, 0.99]) AS tpot_q,
                 avg((time_ns - arrival_ns) / 1e6 / output_tokens) FILTER (output_tokens > 0) AS norm_mean,
                 quantile_cont((time_ns - arrival_ns) / 1e6 / output_tokens, [0.5, 0.9, 0.99])
-                    FILTER (output_tokens > 0) AS norm_q
+                    FILTER (output_tokens > 0) AS norm_q,
+                avg((time_ns - arrival_ns) / 1e6) FILTER (NOT refused) AS e2e_mean,
+                quantile_cont((time_ns - arrival_ns) / 1e6, [0.5, 0.9, 0.99]) FILTER (NOT refused) AS e2e_q
             FROM requests WHERE {where}
             GROUP BY ALL ORDER BY window_start_ns NULLS FIRST, policy NULLS LAST
         """, params)
@@ -157,6 +159,7 @@ def _summary(row: dict[str, Any], start_ns: int | None, window_s: float | None) 
         "ttft_ms": _latency(row["ttft_mean"], row["ttft_q"]),
         "tpot_ms": _latency(row["tpot_mean"], row["tpot_q"]),
         "normalized_latency_ms": _latency(row["norm_mean"], row["norm_q"]),
+        "e2e_ms": _latency(row["e2e_mean"], row["e2e_q"]),
     })
     return out
 

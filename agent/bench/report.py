@@ -34,7 +34,7 @@ from policies.types import DispatchDecision
 SUMMARY_KEYS = (
     "requests", "completed", "rejected", "duration_s", "throughput_rps", "output_tokens_per_s",
     "input_tokens_per_s", "goodput_rps", "offered_rps", "effective_rps", "slo_attainment", "ttft_ms", "tpot_ms",
-    "normalized_latency_ms",
+    "normalized_latency_ms", "e2e_ms",
 )
 
 
@@ -60,6 +60,7 @@ def summarize(
     out_tokens = sum(o.output_tokens for o in done)
     in_tokens = sum(o.prompt_tokens for o in done)
     normalized = [(o.finish_s - o.arrival_s) / o.output_tokens for o in done if o.output_tokens > 0]
+    e2e = [o.finish_s - o.arrival_s for o in done]
     span = duration_s if duration_s > 0 else float("nan")
     attainment = met / num_requests if num_requests else 0.0
     return {
@@ -77,6 +78,7 @@ def summarize(
         "ttft_ms": latency_stats(ttft),
         "tpot_ms": latency_stats(tpot),
         "normalized_latency_ms": latency_stats(normalized),
+        "e2e_ms": latency_stats(e2e),
     }
 
 

@@ -125,6 +125,8 @@ class RunResult:
     """Requests refused by a unit's admission control (included in ``summary["rejected"]``)."""
     cluster: dict[str, Any] = field(default_factory=dict)
     """Balance across units, prefill chunk utilization, migrations, flow control, faults, stage boundaries."""
+    outcomes: list[RequestOutcome] = field(default_factory=list, repr=False)
+    """Every finished request's outcome, in finish order (``trackside bench --outcomes``)."""
 
     def as_run(self) -> dict[str, Any]:
         """One entry of the JSON ``runs`` list."""
@@ -336,6 +338,7 @@ def run_once(
             "migrations_skipped": node.num_migrations_skipped,
             "faults": node.num_faults,
         },
+        outcomes=outcomes,
     )
 
 

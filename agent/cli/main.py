@@ -168,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
         "requests go back to the dispatcher and recompute elsewhere",
     )
     bench.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
+    bench.add_argument("--outcomes", type=Path, metavar="FILE.csv|FILE.parquet",
+                       help="write one row per finished request of every run (unit, arrival, first token, finish, "
+                       "tokens, preemptions, TTFT, E2E, TPOT, SLO met) as CSV or Parquet, to compare with another "
+                       "simulator or a real run (agent/bench/outcomes.py)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     pol = sub.add_parser("policies", help="list every policy with its parameters")
@@ -294,6 +298,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         raise CliError("the workload has no requests")
     if not 0.0 < args.slo_target <= 1.0:
         raise CliError("--slo-target must be in (0, 1]")
+    if args.outcomes is not None and args.outcomes.suffix not in (".csv", ".parquet"):
+        raise CliError(f"--outcomes writes .csv or .parquet files, not {args.outcomes.name!r}")
     configs = _plan_runs(args)
     load_profile(args.profile)  # fail early on an unknown profile
     knee = _knee_search(args) if args.sweep and args.sweep.strip() == "knee" else None
@@ -341,6 +347,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             results = found.band_runs
         else:
             results = [run_at(config) for config in configs]
+    if args.outcomes is not None:
+        _write_outcomes(console, results, args.outcomes)
     if tunings:
         render_tuning(console, tunings, args.slo_target, tuning_s)
     if knee is not None:
@@ -368,6 +376,29 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
+
+
+def _write_outcomes(console: Console, results: Sequence[RunResult], path: Path) -> None:
+    """``--outcomes``: CSV directly, Parquet through DuckDB from the same rows."""
+    from agent.bench.outcomes import write_outcomes_csv
+
+    if path.suffix == ".csv":
+        n = write_outcomes_csv(results, path)
+    else:
+        import tempfile
+
+        import duckdb
+
+        with tempfile.TemporaryDirectory() as tmp:
+            csv_path = Path(tmp) / "outcomes.csv"
+            n = write_outcomes_csv(results, csv_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            con = duckdb.connect()
+            try:
+                con.execute(f"COPY (SELECT * FROM read_csv('{csv_path}', header=true)) TO '{path}' (FORMAT parquet)")
+            finally:
+                con.close()
+    console.print(f"wrote {n:,} request outcomes to {path}")
 
 
 def _knee_search(args: argparse.Namespace) -> KneeSearch:

@@ -35,6 +35,7 @@ SUMMARY_ROWS: tuple[tuple[str, str], ...] = (
     ("SLO attainment", "slo_attainment"),
     ("TTFT mean / p50 ms", "ttft_ms.mid"), ("TTFT p90 / p99 ms", "ttft_ms.tail"),
     ("TPOT mean / p50 ms", "tpot_ms.mid"), ("TPOT p90 / p99 ms", "tpot_ms.tail"),
+    ("E2E mean / p50 ms", "e2e_ms.mid"), ("E2E p90 / p99 ms", "e2e_ms.tail"),
 )
 
 

@@ -109,7 +109,7 @@ def test_policy_summary_matches_agent_report(tpot_metric: TpotMetric | None) -> 
         for key in ("duration_s", "throughput_rps", "output_tokens_per_s", "input_tokens_per_s", "goodput_rps",
                     "slo_attainment", "offered_rps", "effective_rps"):
             assert got[key] == pytest.approx(expected[key], rel=1e-9), key
-        for metric in ("ttft_ms", "tpot_ms", "normalized_latency_ms"):
+        for metric in ("ttft_ms", "tpot_ms", "normalized_latency_ms", "e2e_ms"):
             for stat, value in expected[metric].items():
                 assert got[metric][stat] == pytest.approx(value, rel=1e-9), (metric, stat)
         assert 0 < got["slo_attainment"] < 1  # the sample has both outcomes

@@ -87,4 +87,6 @@ def test_effective_rps_is_offered_load_times_attainment_and_the_tpot_metric_deci
     # seed 001's normalized latency and seed 002's prefill throughput
     per_token = [(0.1 + 0.2) / 11, 0.2 / 1, (0.6 + 0.2) / 11, (0.1 + 0.4) / 11]
     assert worst["normalized_latency_ms"]["mean"] == pytest.approx(1e3 * sum(per_token) / 4)
+    e2e = [0.1 + 0.2, 0.2, 0.6 + 0.2, 0.1 + 0.4]  # what vLLM's benchmark reports as E2EL
+    assert worst["e2e_ms"]["mean"] == pytest.approx(1e3 * sum(e2e) / 4) and worst["e2e_ms"]["p50"] == pytest.approx(400)
     assert worst["input_tokens_per_s"] == pytest.approx(4 * 100 / 10.0)
