@@ -6,8 +6,8 @@ Starts ``trackside agent --units U --workload poisson:n=...,rate=R --speed S`` (
 time: 100 by default) with one ``trackside record`` attached writing a DuckDB file, samples the resident memory
 (RSS, from ``/proc``) of both every ``--sample-s`` seconds for ``--minutes``, then stops both and prints the
 table and the growth of each after the first five minutes (the target: under 5 MB over an hour). Linux only;
-asserts nothing. ``--engine vllm`` is not covered here (the fake executor's units keep bounded histories,
-``agent.engine.vllm.history``).
+asserts nothing. ``--fake-vllm``: vLLM units on the CPU's fake executor instead (``--engine vllm
+--fake-executor``; no ``--speed``: ``--rate`` requests per wall second).
 """
 
 from __future__ import annotations
@@ -50,8 +50,11 @@ def main() -> int:
     ap.add_argument("--units", type=int, default=4)
     ap.add_argument("--port", type=int, default=7793)
     ap.add_argument("--warmup-min", type=float, default=5.0, help="growth is counted after this (default 5)")
+    ap.add_argument("--fake-vllm", action="store_true", help="vLLM units on the fake executor (CPU)")
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="soak-"))
+    if args.fake_vllm:
+        args.speed = 1.0
     n = int(args.rate * args.speed * args.minutes * 60 * 1.2) + 1000  # more than the soak can use
     url = f"ws://127.0.0.1:{args.port}"
     with contextlib.ExitStack() as logs:
@@ -61,10 +64,11 @@ def main() -> int:
 
 
 def soak(args: argparse.Namespace, out: Path, n: int, url: str, agent_log: IO[str], record_log: IO[str]) -> int:
+    engine = ["--engine", "vllm", "--fake-executor"] if args.fake_vllm else ["--speed", f"{args.speed:g}"]
     agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--units", str(args.units), "--workload",
-                              f"poisson:n={n},rate={args.rate:g}", "--speed", f"{args.speed:g}", "--listen",
-                              f"127.0.0.1:{args.port}"], stdout=subprocess.DEVNULL, stderr=agent_log)
-    time.sleep(8)  # the agent builds its workload and starts listening
+                              f"poisson:n={n},rate={args.rate:g}", *engine, "--listen", f"127.0.0.1:{args.port}"],
+                             stdout=subprocess.DEVNULL, stderr=agent_log)
+    time.sleep(60 if args.fake_vllm else 8)  # the agent builds its workload (and engines) and starts listening
     recorder = subprocess.Popen([sys.executable, "-m", "agent.cli", "record", "--db", str(out / "soak.duckdb"), url],
                                 stdout=subprocess.DEVNULL, stderr=record_log)
     start = time.monotonic()
