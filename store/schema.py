@@ -176,8 +176,12 @@ class StoreVersionError(StoreError):
     """The file's schema version is one this code cannot use."""
 
 
-def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def connect(path: str | Path, *, read_only: bool = False, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """A connection to ``path`` (or ``":memory:"``) whose schema is checked, created or migrated.
+
+    ``memory_limit`` (DuckDB's setting, e.g. ``"512MB"``; None: DuckDB's default, 80% of the machine's memory)
+    bounds what DuckDB keeps in memory, its cache of the file's blocks included: a recorder that runs for months
+    would otherwise cache more and more of a growing file. A limit DuckDB cannot read raises :class:`StoreError`.
 
     Raises :class:`StoreLockedError` when another process writes the file, :class:`StoreVersionError` for
     a schema this code cannot use, and :class:`StoreError` for a missing file (read-only) or one that is
@@ -187,7 +191,10 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     if read_only and name != ":memory:" and not Path(name).is_file():
         raise StoreError(f"no database at {name}")
     try:
-        con = duckdb.connect(name, read_only=read_only and name != ":memory:")
+        config: dict[str, str | bool | int | float | list[str]] = {}
+        if memory_limit is not None:
+            config["memory_limit"] = memory_limit
+        con = duckdb.connect(name, read_only=read_only and name != ":memory:", config=config)
     except duckdb.IOException as exc:
         text = str(exc)
         if "lock" in text.lower():
@@ -199,6 +206,8 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
                 holder,
             ) from None
         raise StoreError(f"cannot open {name}: {_first_line(text)}") from None
+    except duckdb.ParserException as exc:  # only the settings are parsed here
+        raise StoreError(f"memory limit {memory_limit!r}: {_first_line(str(exc))}") from None
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {name}: {_first_line(str(exc))}") from None
     try:

@@ -106,12 +106,13 @@ class PendingRows:
 class StoreWriter:
     """Writes events to a DuckDB file (or ``":memory:"``), creating or migrating its schema on open."""
 
-    def __init__(self, path: str | Path, *, batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
+    def __init__(self, path: str | Path, *, batch_rows: int = DEFAULT_BATCH_ROWS,
+                 memory_limit: str | None = None) -> None:
         if batch_rows < 1:
             raise ValueError("batch_rows must be at least 1")
         self.path = str(path)
         self.batch_rows = batch_rows
-        self._con: duckdb.DuckDBPyConnection | None = connect(path)
+        self._con: duckdb.DuckDBPyConnection | None = connect(path, memory_limit=memory_limit)
         self._pending: dict[str, PendingRows] = {table: PendingRows(table) for table in TABLES}
         self._num_pending = 0
         self._committed: dict[RunKey, int] = {

@@ -76,6 +76,8 @@ if TYPE_CHECKING:
 
 EXIT_ERROR_REPLY = 2
 EXIT_UNREACHABLE = 1
+RECORDER_MEMORY_LIMIT = "512MB"
+"""What ``trackside record`` lets DuckDB keep in memory by default (its cache grows with the file otherwise)."""
 log = logging.getLogger("trackside")
 
 
@@ -141,6 +143,9 @@ def add_serve_commands(sub: Any) -> None:
                      "(and --autopilot apply them)")
     add_ca_file_option(rec)
     rec.add_argument("--flush-s", type=float, default=1.0, help="flush at least this often (default 1 s)")
+    rec.add_argument("--memory-limit", default=RECORDER_MEMORY_LIMIT, metavar="SIZE",
+                     help="what DuckDB may keep in memory, its cache of the growing file included (DuckDB's sizes: "
+                     f"512MB, 2GB...; default {RECORDER_MEMORY_LIMIT}; 'default': DuckDB's own, 80%% of the machine)")
     rec.add_argument("--retention", type=_duration_s, metavar="DURATION",
                      help="keep this much history (e.g. 7d, 12h, 1h30m): older events are deleted at the start "
                      "and then every tenth of it, at most an hour apart (default: keep everything)")
@@ -419,8 +424,10 @@ def cmd_record(args: argparse.Namespace, console: object = None) -> int:
     ssl_context = client_ssl_context(args.ca_file)
     token = read_token(args.token_file)
     advise = advisor_settings(args, token)
+    limit = None if args.memory_limit == "default" else args.memory_limit
     return asyncio.run(record(args.uris, args.db, flush_s=args.flush_s, retention_s=args.retention,
-                              install_signals=True, ssl_context=ssl_context, token=token, advise=advise))
+                              install_signals=True, ssl_context=ssl_context, token=token, advise=advise,
+                              memory_limit=limit))
 
 
 def advisor_settings(args: argparse.Namespace, token: str) -> AdvisorSettings | None:
@@ -462,14 +469,15 @@ async def record(
     uris: Sequence[str], db: Path, *, flush_s: float = 1.0, writer_factory: Callable[[Path], EventWriter] | None = None,
     stop: asyncio.Event | None = None, install_signals: bool = False, retention_s: float | None = None,
     ssl_context: ssl.SSLContext | None = None, token: str = "", advise: AdvisorSettings | None = None,
-    advisor: Advisor | None = None,
+    advisor: Advisor | None = None, memory_limit: str | None = None,
 ) -> int:
     """``trackside record`` without its command line: :func:`store.recorder.record_agents` until ``stop`` (or a
     signal), saying which node each agent is and logging the agents' notices; the exit status (2 when an agent
     refuses the subscription, a URI is not an agent's, or the store cannot be opened, e.g. another process writes it;
     1 when a ``wss://`` agent's certificate does not verify with ``ssl_context``). ``token`` goes with every
     subscription (agents with a read token need it, or their control token). ``advise``: run the advisor beside
-    (``agent.cli.advisor``; with ``token``, it posts its recommendations with it), or ``advisor``, one made already."""
+    (``agent.cli.advisor``; with ``token``, it posts its recommendations with it), or ``advisor``, one made already.
+    ``memory_limit``: DuckDB's, for the store the default writer opens (``store.schema.connect``)."""
     from store.recorder import Recorder, record_agents  # lazily: the store is optional for everything else
     from store.schema import StoreError, StoreLockedError
 
@@ -501,6 +509,12 @@ async def record(
                                         "" if adv.control is not None else
                                         " (no --token-file: recommendations are printed here only)"),
               file=sys.stderr, flush=True)
+    if writer_factory is None and memory_limit is not None:
+        from store.writer import StoreWriter
+
+        def writer_factory(path: Path) -> EventWriter:
+            return StoreWriter(path, memory_limit=memory_limit)
+
     try:
         await record_agents(uris, db, stop=stop, writer_factory=writer_factory, flush_s=flush_s,
                             retention_s=retention_s, on_hello=on_hello, on_notice=_log_notice,

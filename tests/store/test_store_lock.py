@@ -82,3 +82,17 @@ def test_the_consoles_recorder_names_the_holder_too(held: tuple[Path, int]) -> N
         ConsoleRecorder(db)
     with pytest.raises(StoreLockedError, match=rf"^{db} is open for writing by another process, PID {pid} \("):
         connect(db, read_only=True)
+
+
+def test_a_memory_limit_bounds_duckdb_and_a_bad_one_is_a_store_error(tmp_path: Path) -> None:
+    from store.schema import StoreError, connect
+    from store.writer import StoreWriter
+
+    con = connect(tmp_path / "a.duckdb", memory_limit="128MB")
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone() == ("122.0 MiB",)
+    con.close()
+    writer = StoreWriter(tmp_path / "a.duckdb", memory_limit="64MB")
+    assert writer.cursor().execute("SELECT current_setting('memory_limit')").fetchone() == ("61.0 MiB",)
+    writer.close()
+    with pytest.raises(StoreError, match="memory limit 'lots'"):
+        connect(tmp_path / "b.duckdb", memory_limit="lots")
