@@ -4,28 +4,19 @@ itself is a benchmark, run by hand."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_scripts import bench_script
 
 from agent.workload.types import RequestSpec
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sim_scaling.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_sim_scaling", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with bench_script("bench_sim_scaling") as module:
+        yield module
 
 
 def test_a_repeated_trace_shifts_each_copy_by_whole_hours_and_keeps_ids_unique(bench: ModuleType) -> None:

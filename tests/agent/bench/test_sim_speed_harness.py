@@ -3,26 +3,17 @@ pure parts; the timing itself is a benchmark, run by hand."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sim_speed.py"
+from bench_scripts import BENCHMARKS, bench_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_sim_speed", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with bench_script("bench_sim_speed") as module:
+        yield module
 
 
 def test_the_trees_alternate(bench: ModuleType) -> None:
@@ -50,7 +41,7 @@ def test_the_options(bench: ModuleType) -> None:
     plain = bench.parse_args([])
     assert (plain.against, plain.repeat, plain.limit, plain.units) == (None, 3, None, 4)
     argv = bench.child_argv(args)
-    assert argv[1] == str(SCRIPT) and "--child" in argv and argv[-2:] == ["--limit", "300"]
+    assert argv[1] == str(BENCHMARKS / "bench_sim_speed.py") and "--child" in argv and argv[-2:] == ["--limit", "300"]
     assert bench.parse_args(argv[2:]).child
     with pytest.raises(SystemExit):
         bench.parse_args(["--repeats", "0"])

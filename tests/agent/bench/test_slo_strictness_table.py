@@ -3,26 +3,17 @@ runs themselves are a benchmark, run by hand."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_slo_strictness.py"
+from bench_scripts import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_slo_strictness", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with bench_script("bench_slo_strictness") as module:
+        yield module
 
 
 def test_slo_pairs_parse_and_the_paper_grid_is_table_5s(bench: ModuleType) -> None:
