@@ -56,18 +56,18 @@ from dataclasses import replace
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.sampling import Sampling, TokenDelta
 from agent.engine.vllm.unit import EngineFailed, VllmUnit
-from agent.runtime.desk import DispatchDesk, Placement, RejectReason, UnitAccess
+from agent.runtime.desk import DispatchDesk
+from agent.runtime.vllm.cluster_driver import ClusterDriver
 from agent.runtime.vllm.requests import (
     ClusterObserver,
     ClusterRequest,
-    PendingTimeout,
     RequestAborted,
     RequestRejected,
     RequestStream,
 )
 from agent.runtime.vllm.restarts import Restarts
 from policies.base import DispatchPolicy
-from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
+from policies.types import Migration, PendingRequest
 
 PENDING_TIMEOUT_S = 30.0
 """How long a request may wait at the dispatcher for a unit by default before it is rejected."""
@@ -96,7 +96,7 @@ class VllmCluster:
         self.desk: DispatchDesk[int] = DispatchDesk(strict=False, pending_timeout_s=pending_timeout_s)
         """The requests waiting at the dispatcher and the dispatch round over them (``agent.runtime.desk``; lenient: a
         bad decision is skipped and logged, not raised); a request back from a failed unit carries that unit's id."""
-        self._driver = _ClusterDriver(self)
+        self._driver = ClusterDriver(self)
         self.streams: dict[str, RequestStream] = {}
         """Requests not yet finished (pending or on a unit)."""
         self.rejected: deque[str] = deque(maxlen=100_000)
@@ -546,72 +546,3 @@ class VllmCluster:
             self._next_check = None
             self.dispatch()
 
-
-class _ClusterDriver:
-    """The cluster as the dispatch desk drives it (:class:`~agent.runtime.desk.DeskDriver`)."""
-
-    __slots__ = ("cluster",)
-
-    def __init__(self, cluster: VllmCluster) -> None:
-        self.cluster = cluster
-
-    def unit_access(self, unit_id: int) -> UnitAccess:
-        cluster = self.cluster
-        if unit_id not in cluster._by_unit:
-            return "unknown"
-        return "closed" if unit_id in cluster.failed else "open"
-
-    def refuses(self, unit_id: int, prompt_tokens: int) -> bool:
-        refuses = self.cluster.refuses
-        return refuses is not None and refuses(unit_id, prompt_tokens)
-
-    def dispatching(self, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
-        self.cluster._round_migrating = None
-        if self.cluster.observer is not None:
-            self.cluster.observer.dispatching(loads, decision)
-
-    def place(self, placement: Placement[int]) -> None:
-        cluster = self.cluster
-        stream = cluster.streams[placement.request.request_id]
-        unit = cluster._by_unit[placement.unit_id]
-        if placement.carried is not None:  # back from a failed unit: it goes on here by recompute
-            cluster._recompute(stream, unit, placement.carried, "unit_failed", stream.first_token_s,
-                               stream.max_tpot_s)
-        else:
-            cluster._launch(stream, unit, placement.request)
-
-    def refused(self, request: PendingRequest, unit_id: int) -> None:
-        self.cluster._refuse(self.cluster.streams[request.request_id], unit_id)
-
-    def rejected(self, request: PendingRequest, why: RejectReason) -> None:
-        cluster = self.cluster
-        stream = cluster.streams[request.request_id]
-        if why == "pending_timeout":
-            error: RequestRejected = PendingTimeout(f"no unit took the request within {cluster.pending_timeout_s:g} s")
-        else:
-            name = cluster.dispatcher.name or type(cluster.dispatcher).__name__
-            error = RequestRejected(f"the {name} dispatcher rejected the request")
-        cluster._reject(stream, error)
-
-    def where(self, request_id: str) -> int | None:
-        stream = self.cluster.streams.get(request_id)
-        if stream is None or stream.done or stream.unit_id is None or stream._task is None or stream._task.done():
-            return None
-        unit = self.cluster._by_unit[stream.unit_id]
-        return stream.unit_id if request_id in unit.live else None
-
-    def moving(self, request_id: str) -> bool:
-        stream = self.cluster.streams.get(request_id)
-        if stream is None or stream.unit_id is None:
-            return False
-        live = self.cluster._by_unit[stream.unit_id].live.get(request_id)
-        return live is not None and live.migrating
-
-    def takes_moves(self, unit_id: int) -> bool:
-        return self.cluster.accepting[unit_id]
-
-    def move(self, migration: Migration) -> None:
-        self.cluster._migrate(migration)
-
-    def skip_move(self, migration: Migration) -> None:
-        self.cluster.num_migrations_skipped += 1
