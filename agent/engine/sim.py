@@ -396,7 +396,6 @@ class SimUnit:
         preempted_set: set[str] = set()
         admitting_stopped = False
         waiting_admitted: list[_Req] = []
-        block_size = self.block_size
         for rid, n in plan.entries:
             req = requests.get(rid)
             if req is None:
@@ -409,7 +408,7 @@ class SimUnit:
             if rid in running_ids:
                 if rid in preempted_set:
                     continue
-                need = -(-(req.computed + n) // block_size) - req.blocks  # _blocks_for, inlined
+                need = self._blocks_for(req.computed + n) - req.blocks
                 while need > self.free_blocks:
                     victim = self._pick_victim(order, taken)
                     if victim is None:
@@ -486,10 +485,8 @@ class SimUnit:
         queued = self.queued_prefill_tokens
         max_model_len = self.max_model_len
         for req, n in scheduled:
-            # ``_outstanding_prefill`` before and after, inlined (the per-request hot path).
+            queued -= _outstanding_prefill(req)
             prompt, out, computed = req.prompt, req.output, req.computed
-            pending = prompt + out - computed
-            queued -= 0 if (out > 0 and pending == 1) else pending
             computed += n
             req.computed = computed
             req.view_cache = None
@@ -507,8 +504,7 @@ class SimUnit:
                         req.max_tpot_s = tpot
                 if out >= req.target or prompt + out >= max_model_len:
                     done.append(req)
-            pending = prompt + out - computed
-            queued += 0 if (out > 0 and pending == 1) else pending
+            queued += _outstanding_prefill(req)
         self.queued_prefill_tokens = queued
         for req in done:
             s = req.spec

@@ -327,8 +327,7 @@ class Node:
             self.num_finished += 1
             if self.on_finish is not None:
                 self.on_finish(outcome)
-            if not self.keep_finished:
-                del self.states[outcome.request_id]
+            self.let_go(outcome.request_id)
         if self.transfers:
             for rid in [rid for rid, t in self.transfers.items() if t.switch_due and t.source_index == index]:
                 self._switch(self.transfers[rid])
@@ -401,6 +400,12 @@ class Node:
         if self.on_recover is not None:
             self.on_recover(unit_id, "recovered (simulated)")
         self._dispatch()
+
+    def let_go(self, request_id: str) -> None:
+        """An ended request (finished, refused or rejected; its hooks have run) leaves ``states`` unless the node keeps
+        finished ones (``keep_finished``)."""
+        if not self.keep_finished:
+            del self.states[request_id]
 
     def unit_index(self, unit_id: int) -> int:
         for i, u in enumerate(self.units):

@@ -66,30 +66,24 @@ class NodeDriver:
 
     def refused(self, request: PendingRequest, unit_id: int) -> None:
         # Admission control of the unit's batch policy (e.g. FairBatching's PAB): counted, not lost.
-        node = self.node
-        state = node.states[request.request_id]
-        state.num_rounds_waited = request.cycles_waited
-        state.rejected = True
-        state.refused_by = unit_id
-        node.num_rejected += 1
-        node.num_refused += 1
-        if node.on_request is not None:
-            node.on_request("refused", state)
-        if not node.keep_finished:
-            del node.states[request.request_id]
+        self.node.num_refused += 1
+        self._end(request, refused_by=unit_id)
 
     def rejected(self, request: PendingRequest, why: RejectReason) -> None:
+        self._end(request, reason="" if why == "dispatcher" else why)
+
+    def _end(self, request: PendingRequest, *, refused_by: int | None = None, reason: str = "") -> None:
+        """A request that ends at the dispatcher: counted as rejected, reported, then let go (``keep_finished``)."""
         node = self.node
         state = node.states[request.request_id]
         state.num_rounds_waited = request.cycles_waited
         state.rejected = True
-        if why != "dispatcher":
-            state.refusal_reason = why
+        state.refused_by = refused_by
+        state.refusal_reason = reason
         node.num_rejected += 1
         if node.on_request is not None:
             node.on_request("refused", state)
-        if not node.keep_finished:
-            del node.states[request.request_id]
+        node.let_go(request.request_id)
 
     def where(self, request_id: str) -> int | None:
         node = self.node
