@@ -395,7 +395,8 @@ def _write_outcomes(console: Console, results: Sequence[RunResult], path: Path) 
             path.parent.mkdir(parents=True, exist_ok=True)
             con = duckdb.connect()
             try:
-                con.execute(f"COPY (SELECT * FROM read_csv('{csv_path}', header=true)) TO '{path}' (FORMAT parquet)")
+                src, dst = (str(p).replace("'", "''") for p in (csv_path, path))  # SQL string literals
+                con.execute(f"COPY (SELECT * FROM read_csv('{src}', header=true)) TO '{dst}' (FORMAT parquet)")
             finally:
                 con.close()
     console.print(f"wrote {n:,} request outcomes to {path}")
