@@ -180,14 +180,21 @@ class CpuMeter:
         self.own = cpu_s(pid) or 0.0
         self.kids = {k: cpu_s(k) or 0.0 for k in descendants(pid)}
 
-    def stop(self, output_tokens: float | None) -> dict[str, Any]:
+    def stop(self, output_tokens: float | None, bench_s: float | None = None) -> dict[str, Any]:
         """``server_s`` (the process itself: the front end), ``children_s`` (its descendants that lived through the
-        run: the engine core), each per output token in microseconds, and the share of the wall time."""
+        run: the engine core), each per output token in microseconds, and the share of the wall time.
+
+        The wall time includes the bench client's own start-up (seconds of importing vLLM while the server idles),
+        so ``server_busy`` understates how busy the server was under load; ``server_busy_in_bench`` divides by the
+        bench's measured duration instead (the idle seconds' CPU counted in: a slight overstatement)."""
         wall = max(1e-9, time.monotonic() - self.wall_s)
         own = (cpu_s(self.pid) or self.own) - self.own
         kids = sum(max(0.0, (cpu_s(k) or v) - v) for k, v in self.kids.items())
         out: dict[str, Any] = {"wall_s": round(wall, 2), "server_s": round(own, 2), "children_s": round(kids, 2),
                                "server_busy": round(own / wall, 3)}
+        if bench_s:
+            out["server_busy_in_bench"] = round(own / bench_s, 3)
+            out["children_busy_in_bench"] = round(kids / bench_s, 3)
         if output_tokens:
             out["server_us_per_output_token"] = round(1e6 * own / output_tokens, 1)
             out["children_us_per_output_token"] = round(1e6 * kids / output_tokens, 1)
@@ -202,7 +209,7 @@ def metered(run: Run, server: subprocess.Popen[bytes] | None, base_url: str, tok
     if meter is not None:
         tokens = summary.get("output_throughput")
         duration = summary.get("duration")
-        summary["cpu"] = meter.stop(tokens * duration if tokens and duration else None)
+        summary["cpu"] = meter.stop(tokens * duration if tokens and duration else None, duration)
         run.log(f"  {name}: cpu {summary['cpu']}")
     return summary
 

@@ -84,10 +84,13 @@ def test_the_cpu_meter_puts_a_busy_child_on_the_children_side() -> None:
         assert child.pid in descendants(os.getpid())
         meter = CpuMeter(os.getpid())
         time.sleep(1.5)  # the child burns its 0.4 s of CPU meanwhile; this process sleeps
-        cpu = meter.stop(output_tokens=1000)
+        cpu = meter.stop(output_tokens=1000, bench_s=0.5)
     finally:
         child.kill()
         child.wait()
     assert cpu["children_s"] >= 0.2 and cpu["server_s"] < 0.2
     assert cpu["children_us_per_output_token"] == pytest.approx(1e3 * cpu["children_s"], rel=0.05)
     assert 0 <= cpu["server_busy"] < 0.2
+    # over a bench of 0.5 s the child's 0.4 s or more is a busy share near 1, the wall time's share under 0.4
+    assert cpu["children_busy_in_bench"] == pytest.approx(cpu["children_s"] / 0.5, rel=0.05)
+    assert cpu["children_busy_in_bench"] >= 0.4
