@@ -134,13 +134,21 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+PHASE_SEEDS = {"saturate": 0, "poisson": 1, "kill": 2}
+"""The random dataset's seed per phase: the same prompts on both servers, other prompts in each phase. With one seed
+every phase replayed the first phase's prompts, and the engine's prefix cache (on by default) answered them: the
+Poisson run's TTFT was that of cache hits (the GPU run of 2026-11-26 on an H100 had it so)."""
+
+
 def bench_cmd(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: int, rate: str,
               concurrency: int | None, input_len: int, output_len: int) -> list[str]:
-    """A ``vllm bench serve`` command whose result lands in ``run.out`` as ``bench-NAME.json``."""
+    """A ``vllm bench serve`` command whose result lands in ``run.out`` as ``bench-NAME.json``; the prompts' seed
+    is the phase's (:data:`PHASE_SEEDS`, by the name's last part)."""
+    seed = PHASE_SEEDS.get(name.rsplit("-", 1)[-1], len(PHASE_SEEDS))
     cmd = [*python_module("vllm.entrypoints.cli.main"), "bench", "serve", "--backend", "openai",
            "--base-url", base_url, "--endpoint", "/v1/completions", "--model", MODEL_NAME, "--tokenizer", tokenizer,
            "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-           "--num-prompts", str(prompts), "--request-rate", rate, "--ignore-eos", "--seed", "0",
+           "--num-prompts", str(prompts), "--request-rate", rate, "--ignore-eos", "--seed", str(seed),
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
            "--save-result", "--result-dir", str(run.out), "--result-filename", f"bench-{name}.json",
            "--ready-check-timeout-sec", "600"]
