@@ -260,6 +260,18 @@ def paper_knee(window: list[RequestSpec], profile: str) -> tuple[float | None, d
     return (max(found) if found else None), knees
 
 
+def policy_arg(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME`` or ``NAME:key=value;key=value`` (a batch policy and parameters over its defaults)."""
+    name, _, rest = text.partition(":")
+    params: dict[str, str] = {}
+    for item in filter(None, rest.split(";")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise SystemExit(f"--policies: {item!r} in {text!r} is not key=value")
+        params[key.strip()] = value.strip()
+    return name.strip(), params
+
+
 async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
     """Issue #19 item 11: FairBatching and +PAB against vLLM's default and Sarathi on one 8B engine, seed 003's
     metrics (worst per-token TPOT, effective RPS) and SLOs (2,000/50 ms), the Azure code trace's first
@@ -268,8 +280,10 @@ async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
     speed, and the steps' MAPE says by how much)."""
     from agent.bench.report import offered_rps
     from agent.bench.runner import BenchConfig, run_once, scale_arrivals
-    from policies.registry import BATCH_POLICIES
+    from policies.registry import make_batch_policy
 
+    for policy in args.policies:  # a bad name or parameter fails here, before the engine starts
+        make_batch_policy(*policy_arg(policy))
     window = _window(args.trace, args.requests)
     knee, knees = paper_knee(window, PROFILES["8b"])
     out: dict[str, Any] = {"runs": [], "trace": args.trace, "requests": len(window), "slo_s": PAPER_SLO,
@@ -298,23 +312,27 @@ async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
         scale = base_rps / (knee * factor)
         reqs = [r for r in scale_arrivals(window, scale) if r.prompt_tokens + r.output_tokens <= max_len]
         for policy in args.policies:
-            mid = unit.send_control(SetPolicy(name=policy))
-            copy = BATCH_POLICIES[policy]()
-            refuses = (lambda uid, pt, c=copy: c.refuses_within(pt, unit.load().prefill_admission_budget)) \
-                if policy == "fairbatching+pab" else None
+            name, params = policy_arg(policy)
+            mid = unit.send_control(SetPolicy(name=name, params=params))
+            copy = make_batch_policy(name, params)
+
+            def refuses(uid: int, pt: int, c: Any = copy) -> bool:  # the policy's own rule (False but for PAB)
+                return bool(c.refuses_within(pt, unit.load().prefill_admission_budget))
+
             t = time.time()
             res = await run_workload([unit], DISPATCH_POLICIES["round_robin"](), reqs, ttft_slo_s=PAPER_SLO[0],
                                      tpot_slo_s=PAPER_SLO[1], vocab=VOCAB, progress=True, refuses=refuses,
                                      seed=next(SEEDS))
             s = res.summary()
             offered = offered_rps([r.arrival_s for r in reqs])
-            s.update(label=f"papers-{policy}-x{factor:g}", batch_policy=policy, load_factor=factor,
+            s.update(label=f"papers-{policy}-x{factor:g}", batch_policy=name, batch_params=params, load_factor=factor,
                      offered_rps=round(offered, 3), effective_rps=round(offered * s["slo_attainment"], 3))
             reply = unit.control_replies.pop(mid, None)
             s["policy_swap_ok"] = reply is not None and reply.ok
             s["sim_check"] = mape(res.raw[0], profile_coefs(PROFILES["8b"]))
-            sim = run_once(BenchConfig(profile=PROFILES["8b"], units=1, batch_policy=policy, dispatch="round_robin",
-                                       ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3), reqs).summary
+            sim = run_once(BenchConfig(profile=PROFILES["8b"], units=1, batch_policy=name, dispatch="round_robin",
+                                       ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3,
+                                       params=params), reqs).summary
             s["simulated"] = {k: sim.get(k) for k in ("slo_attainment", "effective_rps", "ttft_ms", "tpot_ms")}
             print(f"[{s['label']}] attainment {s['slo_attainment']:.3f} (sim {sim.get('slo_attainment')}), "
                   f"effective {s['effective_rps']:.2f} req/s, rejected {s['rejected']} ({time.time() - t:.0f}s)",
@@ -358,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loads", type=lambda t: [float(x) for x in t.split(",")], default=[0.9, 1.0, 1.15],
                     help="the papers part: loads as multiples of the simulator's knee (comma-separated)")
     ap.add_argument("--policies", type=lambda t: t.split(","), default=list(PAPER_POLICIES),
-                    help="the papers part: batch policies (comma-separated)")
+                    help="the papers part: batch policies, comma-separated, each NAME or NAME:key=value;key=value "
+                         "(e.g. 'sarathi,fairbatching:anchor=first_token')")
     ap.add_argument("--max-minutes", type=float, default=8.0,
                     help="the papers part: refuse to start when the arrivals alone would take longer")
     ap.add_argument("--workload", default="bursty:rate=24,n=1000", help="the slo part's workload")

@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from agent.bench.vllm_validate import PAPER_SLO, PAPER_TRACE, _window, main, paper_knee
+from agent.bench.vllm_validate import PAPER_SLO, PAPER_TRACE, SEEDS, _window, main, paper_knee, policy_arg
+from policies.params import ParamError
 
 pytestmark = pytest.mark.vllm
 
@@ -32,3 +33,21 @@ def test_the_knee_is_the_best_baselines_and_a_plan_over_the_time_limit_is_refuse
         main(["papers", "--requests", "30", "--max-minutes", "0.01", "--out", str(tmp_path)])
     partial = json.loads((tmp_path / "papers.partial.json").read_text())
     assert partial["sim_knee_rps"] == pytest.approx(knee) and partial["estimate_s"] > 0.6
+
+
+def test_a_policy_takes_parameters_and_a_bad_one_fails_before_anything_runs(tmp_path: Path) -> None:
+    assert policy_arg("sarathi") == ("sarathi", {})
+    assert policy_arg("fairbatching:anchor=first_token;margin_quantile=0.5") == (
+        "fairbatching", {"anchor": "first_token", "margin_quantile": "0.5"})
+    with pytest.raises(SystemExit, match="not key=value"):
+        policy_arg("fairbatching:anchor")
+    with pytest.raises(ParamError):
+        main(["papers", "--requests", "30", "--policies", "sarathi,fairbatching:anchor=sideways",
+              "--out", str(tmp_path)])
+    assert not (tmp_path / "papers.partial.json").exists()  # not even the knee was searched
+
+
+def test_every_run_gets_its_own_prompt_seed() -> None:
+    # One seed for all runs replayed the same prompts on one engine, and its prefix cache answered them.
+    a, b = next(SEEDS), next(SEEDS)
+    assert a != b and 0 not in (a, b)  # 0 is the warm-up's
