@@ -38,6 +38,16 @@ urgent decode (they are always taken) and the urgent threshold still uses ``init
 coefficients (a profile's ``loop_overhead_us_per_request``); it is 0 where the agent does not pass it, and
 then the margin alone absorbs the loop's time, as far as the measured step times contain it.
 
+Anchor (not in the paper; issue 19, items 10 and 11; the default since 2026-11-26). With the paper's envelope
+alone (``anchor=arrival``) a request that got its first token early has banked slack, and the planner spends it
+by holding the request back for whole prefills: gaps of hundreds of milliseconds between two of its tokens, so
+under the paper's own metric (the worst per-token TPOT, 5.1) it misses its SLO although every envelope deadline
+was met. The default therefore also bounds token ``j`` by ``first_token + tpot * j`` once the first token is out
+(``anchor=first_token``; the earlier of the two deadlines counts). Measured, at seed 003's four corner SLOs on two
+workloads (``docs/batch-policies.md``, "SLO strictness"): the arrival anchor lost to tuned Sarathi in all 8 cells
+(-10% to -94% peak effective RPS), the first-token anchor gained in 7 (to +19%; with PAB to +28%). On an H100 the
+arrival anchor lost on the real engine as the simulator predicted (``docs/vllm.md``).
+
 Decisions where the paper is silent (tested):
 
 * Urgent decodes are always taken, even past the time budget (the paper: "FairBatching conservatively
@@ -100,9 +110,9 @@ class FairBatching(BatchPolicy):
             unit="ms", min=0.0, max=MAX_SLO_MS,
         ),
         ParamSpec(
-            "anchor", "str", "arrival",
-            "where token deadlines start: arrival (the paper's envelope, t + TTFT + TPOT*j) or first_token "
-            "(also never later than first token + TPOT*j, which the usual per-request TPOT metric needs)",
+            "anchor", "str", "first_token",
+            "where token deadlines start: first_token (the paper's envelope t + TTFT + TPOT*j, and never later than "
+            "first token + TPOT*j, which the paper's worst per-token TPOT needs) or arrival (the envelope alone)",
             choices=("arrival", "first_token"),
         ),
         ParamSpec(

@@ -135,8 +135,10 @@ def test_first_token_anchor_tightens_deadlines_after_an_early_first_token() -> N
     # First token at 9.95 after arriving at 9.9: the arrival envelope leaves 9.9 + 0.5 + 0.05 - 10 = 0.45 s;
     # the first-token anchor only 9.95 + 0.05 - 10 = 0.
     early = RequestView("e", 9.9, 100, 100, 1, 0.5, 0.05, 9.95, 0)
-    arrival = make_batch_policy("fairbatching").plan(view([early]), now)
+    arrival = make_batch_policy("fairbatching", {"anchor": "arrival"}).plan(view([early]), now)
     anchored = make_batch_policy("fairbatching", {"anchor": "first_token"}).plan(view([early]), now)
+    default = make_batch_policy("fairbatching").plan(view([early]), now)  # the first-token anchor since 2026-11-26
+    assert default.reasons["min_slack_ms"] == anchored.reasons["min_slack_ms"]
     assert arrival.reasons["min_slack_ms"] == pytest.approx(450.0)
     assert anchored.reasons["min_slack_ms"] == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(ParamError):
