@@ -72,6 +72,11 @@ class Variant:
 
 
 FIRST_TOKEN = (("anchor", "first_token"),)
+ARRIVAL = (("anchor", "arrival"),)
+FAIRBATCHING = ("fairbatching", "fairbatching+pab")
+"""The knee sweep's FairBatching rows pin the arrival anchor (the paper's envelope), the policy's default until
+2026-11-26, so that they keep measuring what they measured when the default became ``first_token``; the first-token
+rows are the extra variants."""
 EXTRA_VARIANTS = (
     Variant("fairbatching, first-token anchor", "fairbatching", FIRST_TOKEN),
     Variant("fairbatching+pab, first-token anchor", "fairbatching+pab", FIRST_TOKEN),
@@ -233,7 +238,8 @@ def run_cell(workload: str, requests: Sequence[Any], ttft_ms: int, tpot_ms: int,
     search = KneeSearch(target=args.slo_target, points=args.knee_points, low=args.band[0], high=args.band[1])
     base = BenchConfig(profile=args.profile, units=args.units, ttft_slo_ms=float(ttft_ms), tpot_slo_ms=float(tpot_ms),
                        tpot_metric="worst", seed=args.seed)
-    configs = [replace(base, batch_policy=p) for p in ("vllm", "sarathi", "fairbatching", "fairbatching+pab")]
+    configs = [replace(base, batch_policy=p, params={f"{p}.{k}": v for k, v in ARRIVAL} if p in FAIRBATCHING else {})
+               for p in ("vllm", "sarathi", *FAIRBATCHING)]
     tuning = tune_sarathi(base, run_at, search, args.grid)
     configs = apply_tuning(configs, {base.dispatch: tuning})
     known = {f"{TUNED_POLICY}/{base.dispatch}": k for k in [tuning.known_knee()] if k is not None}
