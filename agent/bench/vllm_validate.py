@@ -46,6 +46,7 @@ from agent.engine.vllm.options import EngineOptions
 from agent.engine.vllm.unit import VllmUnit
 from agent.workload.spec import parse_workload
 from agent.workload.types import RequestSpec
+from policies.params import ParamValue
 from policies.registry import DISPATCH_POLICIES
 
 VOCAB = 128_256
@@ -313,7 +314,8 @@ async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
         reqs = [r for r in scale_arrivals(window, scale) if r.prompt_tokens + r.output_tokens <= max_len]
         for policy in args.policies:
             name, params = policy_arg(policy)
-            mid = unit.send_control(SetPolicy(name=name, params=params))
+            wire: dict[str, ParamValue] = dict(params)  # the control channel coerces strings by the schema
+            mid = unit.send_control(SetPolicy(name=name, params=wire))
             copy = make_batch_policy(name, params)
 
             def refuses(uid: int, pt: int, c: Any = copy) -> bool:  # the policy's own rule (False but for PAB)
