@@ -235,6 +235,9 @@ class UnitLoad:
     """Transfers under way from or to this unit."""
     requests: tuple[RunningRequest, ...] = ()
     """Resident requests (running and waiting); filled only for dispatchers with ``needs_requests``."""
+    instance: int | None = None
+    """The lockstep group the unit steps with (seed 000's instance: DP units in lockstep, instances out of phase);
+    None: it steps on its own."""
 
     @property
     def free_kv_tokens(self) -> int:

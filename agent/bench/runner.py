@@ -79,6 +79,9 @@ class BenchConfig:
     prefill_units: int | None = None
     """Disaggregated: units in the prefill pool (default half, at least one); the rest decode."""
     lockstep: bool = False
+    instance_size: int = 0
+    """Seed 000's instances: consecutive groups of this many units step in lockstep, each group on its own (out of
+    phase with the others); 0: none (every unit on its own, or all together with ``lockstep``)."""
     migration: str = "live"
     kv_bandwidth_gb_s: float = 50.0
     faults: tuple[Fault, ...] = ()
@@ -96,6 +99,24 @@ class BenchConfig:
             raise ValueError(f"disaggregated: {n_pre} prefill units of {self.units}; need 1..{self.units - 1}")
         return ["prefill"] * n_pre + ["decode"] * (self.units - n_pre)
 
+    def lockstep_groups(self) -> list[list[int]] | None:
+        """The unit ids of each instance (``instance_size``), checked: the size divides the units and an instance
+        lies inside one pool; None without instances."""
+        size = self.instance_size
+        if size <= 0:
+            return None
+        if self.lockstep:
+            raise ValueError("lockstep puts every unit in one group; give it or instance_size, not both")
+        if self.units % size:
+            raise ValueError(f"instance size {size} does not divide {self.units} units")
+        roles = self.roles()
+        groups = [list(range(k, k + size)) for k in range(0, self.units, size)]
+        for g in groups:
+            if len({roles[k] for k in g}) > 1:
+                raise ValueError(f"instance {g[0]}-{g[-1]} spans the prefill and decode pools: choose a size that "
+                                 "divides both")
+        return groups
+
     def describe(self) -> dict[str, Any]:
         return {
             "profile": self.profile, "units": self.units, "batch_policy": self.batch_policy,
@@ -105,7 +126,8 @@ class BenchConfig:
             "noise": self.noise, "heterogeneity": self.heterogeneity, "online_fit": self.online_fit,
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "topology": self.topology,
-            "prefill_units": self.prefill_units, "lockstep": self.lockstep, "migration": self.migration,
+            "prefill_units": self.prefill_units, "lockstep": self.lockstep,
+            "instance_size": self.instance_size, "migration": self.migration,
             "kv_bandwidth_gb_s": self.kv_bandwidth_gb_s,
             "faults": [{"unit": f.unit_id, "at_s": f.at_s, "down_s": f.down_s} for f in self.faults],
         }
@@ -252,6 +274,7 @@ def build_node(
         ttft_slo_s=config.ttft_slo_ms / 1e3,
         tpot_slo_s=config.tpot_slo_ms / 1e3,
         lockstep=config.lockstep,
+        lockstep_groups=config.lockstep_groups(),
         migration=link,
         **hooks,
     )

@@ -155,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="DP+EP: all units step together and a step lasts as long as the slowest unit's",
     )
     bench.add_argument(
+        "--instance-size", type=int, default=0, metavar="M",
+        help="seed 000's instances: consecutive groups of M units step in lockstep (DP+EP), the instances out of "
+        "phase with each other (default 0: none)",
+    )
+    bench.add_argument(
         "--migration", choices=("live", "recompute"), default="live",
         help="how a moved request's KV travels: live copy over the link (default) or recompute on the target",
     )
@@ -267,11 +272,13 @@ def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
         heterogeneity=args.heterogeneity,
         online_fit=not args.no_online_fit, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.kv_blocks,
-        topology=args.topology, prefill_units=args.prefill_units, lockstep=args.lockstep, migration=args.migration,
+        topology=args.topology, prefill_units=args.prefill_units, lockstep=args.lockstep,
+        instance_size=args.instance_size, migration=args.migration,
         kv_bandwidth_gb_s=args.kv_bandwidth_gb_s, faults=tuple(_faults(args.fault)),
     )
     try:
         base.roles()
+        base.lockstep_groups()
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if args.kv_bandwidth_gb_s <= 0:

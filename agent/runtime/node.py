@@ -13,7 +13,9 @@ Cluster shapes (POLICIES.md sections 2.2 and 3):
   go once its first token is sampled; the dispatcher's :meth:`~policies.base.DispatchPolicy.place_decode`
   picks a ``decode`` unit and the KV follows over the configured link (:class:`MigrationConfig`).
 * **lockstep** (DP+EP): every unit starts its step at the same instant and the step lasts as long as the
-  slowest unit's; idle units wait.
+  slowest unit's; idle units wait. **Lockstep groups** (``lockstep_groups``): seed 000's instances, each a
+  group of DP units in lockstep inside, the groups stepping independently of each other (out of phase); a unit
+  in no group steps on its own. ``lockstep=True`` is one group of every unit.
 * **migrations** a dispatcher asks for (``DispatchDecision.migrations``): ``live`` copies the KV while the
   request keeps decoding on its source, then switches between two of the source's steps; ``recompute``
   moves it at once and the target prefills prompt and outputs again. A target without room for the KV
@@ -55,8 +57,7 @@ from policies.types import HandoffRequest, Migration, PendingRequest, UnitLoad
 _STEP_END = 0
 _XFER = 1
 _TICK = 2
-_ALL = -1
-"""``unit_index`` of a lockstep step start or end (every unit at once)."""
+# A lockstep group's step start or end has ``unit_index`` ``-1 - g`` (group ``g``; -1 with ``lockstep=True``).
 
 UNIT_MODES = ("active", "draining", "paused", "failed")
 
@@ -79,6 +80,7 @@ class Node:
         on_preempt: PreemptHook | None = None,
         on_migrate: MigrateHook | None = None,
         lockstep: bool = False,
+        lockstep_groups: Sequence[Sequence[int]] | None = None,
         migration: MigrationConfig | None = None,
         pending_timeout_s: float | None = None,
         keep_finished: bool = True,
@@ -93,7 +95,15 @@ class Node:
             raise ValueError("units are either all mixed (colocated) or prefill and decode (disaggregated)")
         self.disaggregated = "prefill" in roles
         self._index = {u.unit_id: i for i, u in enumerate(self.units)}
-        self.lockstep = lockstep
+        self.lockstep_groups = self._lockstep_groups(lockstep, lockstep_groups)
+        """Unit ids of each lockstep group (an instance); empty without lockstep."""
+        self.lockstep = bool(self.lockstep_groups)
+        self._group_of = [-1] * len(self.units)
+        """Per unit index: its lockstep group, -1 for none."""
+        self._group_indices = [sorted(self._index[u] for u in members) for members in self.lockstep_groups]
+        for g, indices in enumerate(self._group_indices):
+            for index in indices:
+                self._group_of[index] = g
         self.migration = migration or MigrationConfig()
         self.on_migrate = on_migrate
         """Optional hook (telemetry) called when a request has moved (or went back to the dispatcher)."""
@@ -132,7 +142,8 @@ class Node:
         self._driver = NodeDriver(self)
         self._heap: list[tuple[float, int, int, int]] = []
         self._starts: list[int] = []
-        """Step starts due now, in the order they were asked for: unit indices, ``_ALL`` for a lockstep start."""
+        """Step starts due now, in the order they were asked for: unit indices, ``-1 - g`` for a start of lockstep
+        group ``g``."""
         self._arrival_s = [r.arrival_s for r in self.arrivals]
         self._seq = 0
         self._tick_at: float | None = None
@@ -148,9 +159,11 @@ class Node:
         :meth:`set_unit_mode`."""
         self._step_end_seq = [0] * len(self.units)
         """Heap sequence number of each unit's pending step end (a failed unit's stale one is skipped)."""
-        self._lock_members: list[int] = []
-        self._lock_seq = 0
-        self._lock_start_pending = False
+        groups = len(self.lockstep_groups)
+        self._lock_members: list[list[int]] = [[] for _ in range(groups)]
+        """Per lockstep group: the unit indices in its step in flight."""
+        self._lock_seq = [0] * groups
+        self._lock_start_pending = [False] * groups
         self.transfers: dict[str, Transfer] = {}
         """Moves under way, by request id."""
         self._xfer_at: dict[int, str] = {}
@@ -158,6 +171,27 @@ class Node:
         self.num_migrations_skipped = 0
         """Migrations a dispatcher asked for that could not start (request gone, moving already, bad target)."""
         self.num_faults = 0
+
+    def _lockstep_groups(self, lockstep: bool, groups: Sequence[Sequence[int]] | None) -> tuple[tuple[int, ...], ...]:
+        """The groups as unit ids, checked: known units, none in two groups, no empty group."""
+        if groups is None:
+            return (tuple(u.unit_id for u in self.units),) if lockstep else ()
+        if lockstep:
+            raise ValueError("give lockstep=True (one group of every unit) or lockstep_groups, not both")
+        out = tuple(tuple(members) for members in groups)
+        flat = [unit_id for ids in out for unit_id in ids]
+        if not all(out):
+            raise ValueError("a lockstep group needs at least one unit")
+        if unknown := [u for u in flat if u not in self._index]:
+            raise ValueError(f"lockstep groups name unit {unknown[0]}, which the node does not have")
+        if len(set(flat)) < len(flat):
+            raise ValueError(f"unit {next(u for u in flat if flat.count(u) > 1)} is in two lockstep groups")
+        return out
+
+    def unit_group(self, unit_id: int) -> int | None:
+        """The lockstep group (instance) of a unit, None when it steps on its own."""
+        g = self._group_of[self.unit_index(unit_id)]
+        return g if g >= 0 else None
 
     # -- time ---------------------------------------------------------------------------------------
     def next_event_s(self) -> float | None:
@@ -188,9 +222,9 @@ class Node:
                     self.now_s = t
                 _, kind, seq, unit_index = heapq.heappop(heap)
                 if kind == _STEP_END:
-                    if unit_index == _ALL:
-                        if seq == self._lock_seq:
-                            self._on_lockstep_end()
+                    if unit_index < 0:
+                        if seq == self._lock_seq[-1 - unit_index]:
+                            self._on_lockstep_end(-1 - unit_index)
                     elif seq == self._step_end_seq[unit_index]:
                         self._on_step_end(unit_index)
                 elif kind == _XFER:
@@ -209,9 +243,9 @@ class Node:
                 if self.now_s > until_s:
                     break
                 unit_index = starts.pop(0)
-                if unit_index == _ALL:
-                    self._lock_start_pending = False
-                    self._start_lockstep()
+                if unit_index < 0:
+                    self._lock_start_pending[-1 - unit_index] = False
+                    self._start_lockstep(-1 - unit_index)
                 else:
                     self._start_pending[unit_index] = False
                     self._start_step(unit_index)
@@ -254,10 +288,11 @@ class Node:
     def _schedule_start(self, index: int) -> None:
         if not self._steps(index):
             return
-        if self.lockstep:
-            if not self._lock_start_pending and not self._lock_members:
-                self._lock_start_pending = True
-                self._starts.append(_ALL)
+        g = self._group_of[index]
+        if g >= 0:
+            if not self._lock_start_pending[g] and not self._lock_members[g]:
+                self._lock_start_pending[g] = True
+                self._starts.append(-1 - g)
         elif not self._start_pending[index] and not self.units[index].busy:
             self._start_pending[index] = True
             self._starts.append(index)
@@ -289,21 +324,22 @@ class Node:
         if duration is not None:
             self._step_end_seq[index] = self._push(self.now_s + duration, _STEP_END, index)
 
-    def _start_lockstep(self) -> None:
-        """Every unit that can step starts now; the step ends when the slowest one does."""
+    def _start_lockstep(self, g: int) -> None:
+        """Every unit of group ``g`` that can step starts now; the step ends when the slowest one does."""
         durations: dict[int, float] = {}
-        for index, unit in enumerate(self.units):
+        for index in self._group_indices[g]:
+            unit = self.units[index]
             if self._steps(index) and not unit.busy:
                 d = unit.begin_step(self.now_s)
                 if d is not None:
                     durations[index] = d
         if durations:
-            self._lock_members = sorted(durations)
-            self._lock_seq = self._push(self.now_s + max(durations.values()), _STEP_END, _ALL)
+            self._lock_members[g] = sorted(durations)
+            self._lock_seq[g] = self._push(self.now_s + max(durations.values()), _STEP_END, -1 - g)
 
-    def _on_lockstep_end(self) -> None:
+    def _on_lockstep_end(self, g: int) -> None:
         """Every member's step ends at once: all their reports are in before the dispatcher is asked."""
-        members, self._lock_members = self._lock_members, []
+        members, self._lock_members[g] = self._lock_members[g], []
         for index in members:
             self._on_step_end(index, ask_dispatcher=False)
         self._schedule_any()  # units that got work during the step (none of them was a member) join the next
@@ -376,10 +412,11 @@ class Node:
         self.num_faults += 1
         self._step_end_seq[index] = 0
         self._start_pending[index] = False
-        if index in self._lock_members:
-            self._lock_members.remove(index)
-            if not self._lock_members:
-                self._lock_seq = 0
+        g = self._group_of[index]
+        if g >= 0 and index in self._lock_members[g]:
+            self._lock_members[g].remove(index)
+            if not self._lock_members[g]:
+                self._lock_seq[g] = 0
                 self._schedule_any()
         for rid, t in list(self.transfers.items()):
             if t.source_index == index and t.migrant is None:
@@ -423,7 +460,12 @@ class Node:
             if self.disaggregated and (u.role == "prefill") != intake:
                 continue
             load = u.load(want)
-            out.append(load if self.unit_modes[i] == "active" else replace(load, healthy=False))
+            g = self._group_of[i]
+            if self.unit_modes[i] != "active":
+                load = replace(load, healthy=False, instance=g if g >= 0 else None)
+            elif g >= 0:
+                load = replace(load, instance=g)
+            out.append(load)
         return out
 
     def _start_migration(self, m: Migration) -> None:

@@ -186,6 +186,23 @@ def test_dispatch_comparison_reports_cluster_balance_and_faults(tmp_path: Path) 
         assert all(u["prefill_tokens"] == 0 for u in decode_units)
 
 
+def test_instances_step_in_lockstep_inside_and_a_bad_size_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    code = main(["bench", "--trace", str(SMALL_AZURE), "--limit", "120", "--units", "6", "--topology",
+                 "disaggregated", "--prefill-units", "2", "--instance-size", "2", "--no-progress", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["instance_size"] == 2 and data["config"]["lockstep"] is False
+    assert data["summary"]["completed"] + data["summary"]["rejected"] == 120
+    for size, units, why in (("4", "6", "does not divide"), ("3", "6", "spans the prefill and decode pools")):
+        proc = run_cli("bench", "--trace", str(SMALL_AZURE), "--limit", "20", "--units", units, "--topology",
+                       "disaggregated", "--prefill-units", "2", "--instance-size", size, "--no-progress")
+        assert proc.returncode == 2 and why in proc.stderr
+    proc = run_cli("bench", "--trace", str(SMALL_AZURE), "--limit", "20", "--lockstep", "--instance-size", "2",
+                   "--no-progress")
+    assert proc.returncode == 2 and "not both" in proc.stderr
+
+
 def test_the_tpot_metric_picks_what_percentiles_and_attainment_use(tmp_path: Path) -> None:
     # One unit under vLLM's default schedule: prefills stall decodes, more so just after a request's first token.
     summaries = {}

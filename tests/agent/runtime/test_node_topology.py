@@ -90,6 +90,44 @@ def test_lockstep_a_unit_given_work_during_a_step_joins_the_next_one() -> None:
     assert [(r.unit_id, r.start_s) for r in steps] == [(0, 0.0), (1, 1.0)]
 
 
+def test_lockstep_groups_step_together_inside_and_apart_from_each_other() -> None:
+    # Instances {0, 1} and {2, 3}: unit 0's 1,000-token prefill sets its instance's pace (2 s), unit 2's instance
+    # runs 1.001 s decode steps and does not wait for the other instance.
+    cost = StepCoefficients(1.0, 1e-3, 0.0)
+    units = [make_unit(k, cost=cost) for k in range(4)]
+    reqs = requests([(1000, 2), (1, 3), (1, 3), (1, 3)])
+    node, steps, done, _ = _node(units, reqs, make_dispatch_policy("round_robin"), lockstep_groups=[[0, 1], [2, 3]])
+    assert node.lockstep and node.lockstep_groups == ((0, 1), (2, 3))
+    assert [node.unit_group(k) for k in range(4)] == [0, 0, 1, 1]
+    node.run()
+    assert len(done) == 4
+    starts = {k: [r.start_s for r in steps if r.unit_id == k] for k in range(4)}
+    first = {r.unit_id: r for r in steps if r.start_s == 0.0}
+    assert set(first) == {0, 1, 2, 3}
+    assert first[1].duration_s == pytest.approx(2.0) and first[3].duration_s == pytest.approx(1.001)
+    assert starts[0][:2] == starts[1][:2] == [0.0, pytest.approx(2.0)]
+    assert starts[2] == starts[3] == [0.0, pytest.approx(1.001), pytest.approx(2.002)]
+
+
+def test_lockstep_groups_are_checked_and_shown_to_the_dispatcher() -> None:
+    units = [make_unit(k) for k in range(3)]
+    rr = make_dispatch_policy("round_robin")
+    for groups, match in (([[0, 1], [1, 2]], "two lockstep groups"), ([[0], [7]], "does not have"),
+                          ([[0], []], "at least one unit")):
+        with pytest.raises(ValueError, match=match):
+            Node(units, rr, [], ttft_slo_s=1.0, tpot_slo_s=1.0, lockstep_groups=groups)
+    with pytest.raises(ValueError, match="not both"):
+        Node(units, rr, [], ttft_slo_s=1.0, tpot_slo_s=1.0, lockstep=True, lockstep_groups=[[0, 1, 2]])
+    scripted = _Scripted()
+    node, _, done, _ = _node(units, requests([(10, 2)]), scripted, lockstep_groups=[[0, 2]])
+    node.run()
+    assert len(done) == 1
+    # Unit 1 steps on its own; a failed member keeps its instance.
+    assert {u.unit_id: u.instance for u in scripted.seen[0]} == {0: 0, 1: None, 2: 0}
+    node.fail_unit(2)
+    assert {u.unit_id: (u.instance, u.healthy) for u in node._loads(intake=True)}[2] == (0, False)
+
+
 def test_without_lockstep_the_fast_unit_does_not_wait() -> None:
     cost = StepCoefficients(1.0, 1e-3, 0.0)
     units = [make_unit(0, cost=cost), make_unit(1, cost=cost)]
