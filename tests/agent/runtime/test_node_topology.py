@@ -229,21 +229,22 @@ def test_a_failed_unit_loses_nothing_and_comes_back() -> None:
     st.lists(st.tuples(st.floats(0, 30), st.integers(0, 2), st.integers(0, 2), st.integers(0, 24)), max_size=12),
     st.lists(st.tuples(st.floats(0, 30), st.integers(0, 2), st.floats(0.5, 10)), max_size=3),
     st.sampled_from(["live", "recompute"]),
-    st.booleans(),
+    st.sampled_from(["free", "lockstep", "instances"]),
 )
 def test_no_request_lost_or_duplicated_across_migrations_and_faults(
     specs: list[tuple[int, int, float]],
     moves: list[tuple[float, int, int, int]],
     faults: list[tuple[float, int, float]],
     mechanism: str,
-    lockstep: bool,
+    shape: str,
 ) -> None:
     units = [make_unit(k, cost=StepCoefficients(0.05, 1e-4, 0.0), num_blocks=100) for k in range(3)]
     reqs = requests([(p, o) for p, o, _ in specs], [t for _, _, t in specs])
     disp = _Scripted()
     disp.moves = sorted(((t, Migration(f"r{i:03d}", a, b)) for t, a, b, i in moves), key=lambda x: x[0])
     link = MigrationConfig(mechanism, kv_bytes_per_token=10_000_000, bandwidth_gb_s=1.0)  # 10 ms per token
-    node, _, done, _ = _node(units, reqs, disp, migration=link, lockstep=lockstep)
+    groups = [[0, 2], [1]] if shape == "instances" else None  # an instance of two, one of one
+    node, _, done, _ = _node(units, reqs, disp, migration=link, lockstep=shape == "lockstep", lockstep_groups=groups)
     events = sorted([(t, "fail", u) for t, u, _ in faults] + [(t + d, "recover", u) for t, u, d in faults])
     for t, what, u in events:
         node.advance(t)
