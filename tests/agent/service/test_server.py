@@ -119,7 +119,7 @@ def test_resume_after_the_buffer_moved_on_announces_the_gap(restarted: bool) -> 
 def test_a_subscriber_that_never_reads_does_not_slow_the_node() -> None:
     async def go() -> None:
         hub = make_hub(workload="poisson:n=3000,rate=80", max_queued=64)
-        speed = 5.0  # the pace check needs the CPU to simulate 5 node seconds a second, with room on a loaded machine
+        speed = 5.0
         async with make_server(hub, speed=speed) as server:
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -127,12 +127,15 @@ def test_a_subscriber_that_never_reads_does_not_slow_the_node() -> None:
             async with connect(server.url, sock=sock, max_queue=1, compression=None) as slow:
                 await slow.send(MSGPACK.encode(Subscribe()))
                 loop = asyncio.get_running_loop()
-                start, node_start = loop.time(), hub.node.now_s
                 await wait_for(lambda: hub.num_dropped > 1000, what="drops for the slow reader")
-                await asyncio.sleep(0.5)
+                # The reader's queue is full and it reads nothing: the node must go on (and the hub drop for it),
+                # not wait for it. A node that waited would stand still; the bound is loose because a loaded machine
+                # simulates slower than the clock asks (the pace itself is a benchmark: bench_subscribers.py).
+                start, node_start, dropped = loop.time(), hub.node.now_s, hub.num_dropped
+                await asyncio.sleep(1.0)
                 elapsed = loop.time() - start
-                # The node kept pace with its clock (loosely: 70% of real time x speed).
-                assert hub.node.now_s - node_start >= 0.7 * elapsed * speed
+                assert hub.node.now_s - node_start >= 0.05 * elapsed * speed
+                assert hub.num_dropped > dropped
                 # The slow reader, reading at last, is told what it lost.
                 num_frames, end = 0, loop.time() + 10.0
                 while loop.time() < end:
