@@ -135,7 +135,7 @@ def _hello(e: NodeHello) -> tuple[Any, ...]:
     ]
     return (e.node_id, e.boot_ns, e.seq, e.time_ns, e.protocol_version, e.profile, e.dispatch_policy,
             _json(e.dispatch_params), units, _json(e.batch_policies), _json(e.dispatch_policies), e.topology,
-            e.prefill_units, e.lockstep)
+            e.prefill_units, e.lockstep, e.instance_size)
 
 
 def _request(e: RequestFinished | RequestRefused, boot: int, policy: str | None) -> tuple[Any, ...]:
@@ -250,6 +250,7 @@ def event_from_row(table: str, row: dict[str, Any]) -> Event:
         row["topology"] = row["topology"] or ""
         row["prefill_units"] = row["prefill_units"] or 0
         row["lockstep"] = bool(row["lockstep"])
+        row["instance_size"] = row["instance_size"] or 0  # NULL before schema version 5
         return NodeHello(**row, boot_ns=boot_ns)
     raise ValueError(f"no events are read from table {table!r}")
 

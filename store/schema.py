@@ -27,13 +27,14 @@ from typing import Final
 
 import duckdb
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """Bumped on any change to the tables below; add a migration from the previous version to :data:`MIGRATIONS`.
 
 2: ``requests.max_tpot_ms`` (the worst per-token TPOT) and each unit's placement in ``nodes.units`` (``gpu_ids``,
 ``tensor_parallel_size``, ``pipeline_parallel_size``).
 3: the ``gaps`` table (:data:`GAPS_COLUMNS`).
-4: the node's shape in ``nodes``: ``topology``, ``prefill_units``, ``lockstep`` (what ``trackside whatif`` replays)."""
+4: the node's shape in ``nodes``: ``topology``, ``prefill_units``, ``lockstep`` (what ``trackside whatif`` replays).
+5: ``nodes.instance_size`` (seed 000's instances of units in lockstep)."""
 
 KEY_COLUMNS: Final = ("node_id VARCHAR!", "boot_ns BIGINT!", "seq BIGINT!", "time_ns BIGINT!")
 """The first four columns of every event table; ``!`` marks NOT NULL."""
@@ -48,7 +49,7 @@ TABLES: Final[dict[str, tuple[str, ...]]] = {
     "nodes": (
         "protocol_version BIGINT!", "profile VARCHAR!", "dispatch_policy VARCHAR!", "dispatch_params VARCHAR!",
         f"units {UNIT_STRUCT}!", "batch_policies VARCHAR!", "dispatch_policies VARCHAR!", "topology VARCHAR",
-        "prefill_units BIGINT", "lockstep BOOLEAN",
+        "prefill_units BIGINT", "lockstep BOOLEAN", "instance_size BIGINT",
     ),
     "steps": (
         "unit_id BIGINT!", "step_id BIGINT!", "measured_ns BIGINT!", "predicted_ns BIGINT!", "mode VARCHAR!",
@@ -122,7 +123,14 @@ def _v3_to_v4(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE nodes ADD COLUMN lockstep BOOLEAN")
 
 
-MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+def _v4_to_v5(con: duckdb.DuckDBPyConnection) -> None:
+    """The node's instance size, NULL in the hellos already there (read back as 0: no instances)."""
+    con.execute("ALTER TABLE nodes ADD COLUMN instance_size BIGINT")
+
+
+MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection], None]] = {
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
+}
 """``MIGRATIONS[v]`` turns a version-``v`` database into a version ``v + 1`` one (inside one transaction)."""
 
 

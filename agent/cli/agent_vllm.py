@@ -34,7 +34,8 @@ VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tok
              "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "no_restart", "engine_hang_s",
              "pending_timeout_s", "openai_arg", "restart_attempts")
 """Flags of ``--engine vllm`` only (a simulated agent refuses them)."""
-SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "migration": "live", "speed": 1.0}
+SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "instance_size": 0, "migration": "live",
+            "speed": 1.0}
 """Flags of simulated units only, with their defaults (``--engine vllm`` refuses any other value)."""
 
 

@@ -222,6 +222,9 @@ def add_agent_arguments(agent: argparse.ArgumentParser) -> None:
                        help="colocated (default) or disaggregated prefill and decode pools")
     agent.add_argument("--prefill-units", type=int, help="disaggregated: units in the prefill pool (default half)")
     agent.add_argument("--lockstep", action="store_true", help="DP+EP: all units step together")
+    agent.add_argument("--instance-size", type=int, default=0, metavar="M",
+                       help="seed 000's instances: consecutive groups of M units step in lockstep, the instances out "
+                       "of phase (default 0: none)")
     agent.add_argument("--migration", choices=("live", "recompute"), default="live",
                        help="how moved requests' KV travels (default live)")
     agent.add_argument("--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="default 127.0.0.1:7700")
@@ -284,9 +287,11 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
     config = BenchConfig(profile=args.profile, units=args.units, batch_policy=args.batch_policy,
                          dispatch=args.dispatch, params=parse_assignments(args.param), ttft_slo_ms=args.slo_ttft_ms,
                          tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, topology=args.topology,
-                         prefill_units=args.prefill_units, lockstep=args.lockstep, migration=args.migration)
+                         prefill_units=args.prefill_units, lockstep=args.lockstep,
+                         instance_size=args.instance_size, migration=args.migration)
     try:
         config.roles()
+        config.lockstep_groups()
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     node = make_node(config, requests, keep_finished=False)  # it may run for months: in flight only

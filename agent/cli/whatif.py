@@ -188,7 +188,8 @@ def running_config(window: RecordedWindow, profile: str, tpot_metric: Any) -> tu
         profile=profile, units=len(hello.units), batch_policy=batch, dispatch=window.dispatch_policy, params=params,
         ttft_slo_ms=ttft, tpot_slo_ms=tpot, topology=topology,
         prefill_units=hello.prefill_units or None if topology == "disaggregated" else None, lockstep=hello.lockstep,
-        max_num_seqs=min(seqs) if seqs else None, num_gpu_blocks=min(blocks) if blocks else None,
+        instance_size=hello.instance_size, max_num_seqs=min(seqs) if seqs else None,
+        num_gpu_blocks=min(blocks) if blocks else None,
         tpot_metric=tpot_metric,
     )
     return config, warnings
@@ -305,7 +306,8 @@ def _whatif(args: argparse.Namespace, console: Console) -> int:
                    "requests": len(recorded.requests), "unfinished": window.num_unfinished,
                    "refused": recorded.num_refused, "changes": len(window.changes)},
         "shape": {"units": running.units, "topology": running.topology, "prefill_units": running.prefill_units,
-                  "lockstep": running.lockstep, "batch_policy": running.batch_policy, "dispatch": running.dispatch,
+                  "lockstep": running.lockstep, "instance_size": running.instance_size,
+                  "batch_policy": running.batch_policy, "dispatch": running.dispatch,
                   "profile": window.hello.profile},
         "profile": profile_info,
         "warnings": warnings,

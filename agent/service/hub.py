@@ -353,12 +353,16 @@ class Hub:
         )
 
     def shape(self) -> dict[str, Any]:
-        """The hello's ``topology``, ``prefill_units`` and ``lockstep``, from the units' roles (a unit without one, a
-        vLLM engine, is ``mixed``)."""
+        """The hello's ``topology``, ``prefill_units``, ``lockstep`` and ``instance_size``, from the units' roles (a
+        unit without one, a vLLM engine, is ``mixed``) and the node's lockstep groups (one group of every unit is
+        ``lockstep``; equal groups of fewer are instances)."""
         roles = [getattr(unit, "role", "mixed") for unit in self.node.units]
         prefill = sum(1 for role in roles if role == "prefill")
+        groups: tuple[tuple[int, ...], ...] = tuple(getattr(self.node, "lockstep_groups", ()))
+        instances = len(groups) > 1 or (len(groups) == 1 and len(groups[0]) < len(self.node.units))
         return {"topology": "disaggregated" if prefill else "colocated", "prefill_units": prefill,
-                "lockstep": bool(getattr(self.node, "lockstep", False))}
+                "lockstep": bool(groups) and not instances,
+                "instance_size": len(groups[0]) if instances else 0}
 
     def status(self) -> StatusInfo:
         return StatusInfo(

@@ -173,6 +173,9 @@ class NodeHello(EventBase, frozen=True, kw_only=True, tag="hello"):
     """Disaggregated: the units in the prefill pool (the first ``prefill_units`` of ``units``); 0 otherwise."""
     lockstep: bool = False
     """Every unit starts its step together (DP+EP lockstep)."""
+    instance_size: int = 0
+    """Seed 000's instances: consecutive groups of this many units step in lockstep, each group on its own; 0: none
+    (or an agent from before this field)."""
 
 
 class StepEvent(EventBase, frozen=True, kw_only=True, tag="step"):

@@ -89,7 +89,7 @@ def _v2_store(path: Path) -> None:
     con = duckdb.connect(str(path))
     for table in schema.TABLES:
         con.execute(schema.create_sql(table))
-    for column in ("topology", "prefill_units", "lockstep"):
+    for column in ("topology", "prefill_units", "lockstep", "instance_size"):
         con.execute(f"ALTER TABLE nodes DROP COLUMN {column}")
     con.execute(
         "INSERT INTO nodes VALUES ('old', ?, 0, ?, 2, 'h100', 'least_loaded', '{}', [], '[]', '[]')", [T0 - 1, T0 - 1]
@@ -115,8 +115,9 @@ def test_a_version_2_store_is_migrated(tmp_path: Path) -> None:
         writer.write([hello(node="old"), msgspec.structs.replace(gap(2, 4), node_id="old")])
     con = connect(path, read_only=True)
     try:
-        assert con.execute("SELECT list(version ORDER BY version) FROM schema_version").fetchone() == ([1, 2, 3, 4],)
-        assert con.execute("SELECT count(*) FROM nodes WHERE topology IS NULL AND lockstep IS NULL").fetchone() == (1,)
+        assert con.execute("SELECT list(version ORDER BY version) FROM schema_version").fetchone() == ([1, 2, 3, 4, 5],)
+        assert con.execute("SELECT count(*) FROM nodes WHERE topology IS NULL AND lockstep IS NULL "
+                           "AND instance_size IS NULL").fetchone() == (1,)
         fresh = duckdb.connect(":memory:")
         fresh.execute(f"CREATE TABLE gaps ({schema.GAPS_COLUMNS})")
         assert con.execute("DESCRIBE gaps").fetchall() == fresh.execute("DESCRIBE gaps").fetchall()

@@ -55,7 +55,7 @@ def hello(node: str = NODE, boot_ns: int = T0, seq: int = 0) -> NodeHello:
         dispatch_policy="least_loaded", dispatch_params={"alpha": 0.5, "on": True},
         batch_policies=(PolicySchema(name="vllm", params=(ParamSchema(name="budget", type="int", default=2048,
                                                                       min=1.0),)),),
-        topology="disaggregated", prefill_units=1, lockstep=True,
+        topology="disaggregated", prefill_units=2, instance_size=2,
     )
 
 
@@ -455,7 +455,7 @@ def test_a_version_1_store_is_migrated_and_replays(tmp_path: Path) -> None:
         writer.write([new_hello])
     con = connect(path, read_only=True)
     try:
-        assert con.execute("SELECT list(version ORDER BY version) FROM schema_version").fetchone() == ([1, 2, 3, 4],)
+        assert con.execute("SELECT list(version ORDER BY version) FROM schema_version").fetchone() == ([1, 2, 3, 4, 5],)
         for table in schema.TABLES:  # the migrated tables have the columns a new store has (names and types)
             fresh = duckdb.connect(":memory:")
             fresh.execute(schema.create_sql(table))

@@ -61,9 +61,12 @@ def record_sim(
     workload: str = WORKLOAD,
     profile: str = DEFAULT_PROFILE,
     batch_policy: str = "vllm",
+    dispatch: str = "least_loaded",
+    instance_size: int = 0,
 ) -> Path:
     """Run simulated units until the workload is done and record every event into the store at ``path``."""
-    config = BenchConfig(units=units, noise=noise, seed=seed, profile=profile, batch_policy=batch_policy)
+    config = BenchConfig(units=units, noise=noise, seed=seed, profile=profile, batch_policy=batch_policy,
+                         dispatch=dispatch, instance_size=instance_size)
     node = make_node(config, parse_workload(workload, seed=seed))
     hub = Hub(node, node_id=node_id, profile=config.profile, token="t", replay_capacity=1 << 22, slack_sample_ms=0)
     hub.attach()

@@ -63,6 +63,17 @@ def test_the_running_policy_replays_to_the_record(store: Path, capsys: pytest.Ca
     assert set(report["recommendation"]) == {"action", "batch_policy", "dispatch", "params", "expected_gain", "reason"}
 
 
+def test_a_node_of_instances_replays_as_instances(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Four units as two instances of two, behind sbs: the store keeps the instance size, and the replay of the
+    # running policy on the same profile is the same run (it would differ as free units or one lockstep group).
+    path = record_sim(tmp_path / "instances.duckdb", noise=False, units=4, workload="poisson:n=200,rate=40",
+                      dispatch="sbs", instance_size=2)
+    code, report, _, err = whatif(capsys, "--db", str(path), "--profile", PROFILE, "--compare", "sarathi")
+    assert code == 0 and report is not None, err
+    assert report["shape"]["instance_size"] == 2 and report["shape"]["lockstep"] is False
+    assert all(v is not None and v < 1e-6 for v in report["fidelity"].values()), report["fidelity"]
+
+
 def test_a_profile_fitted_on_the_window_replays_within_five_percent(
     store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -193,11 +204,13 @@ def test_the_hello_says_the_nodes_shape() -> None:
     from agent.cli.serve import make_node
     from agent.service.hub import Hub
 
-    def hello(**shape: Any) -> tuple[str, int, bool]:
+    def hello(**shape: Any) -> tuple[str, int, bool, int]:
         node = make_node(BenchConfig(units=4, **shape), [])
         h = Hub(node, node_id="n", profile=PROFILE).hello()
-        return h.topology, h.prefill_units, h.lockstep
+        return h.topology, h.prefill_units, h.lockstep, h.instance_size
 
-    assert hello() == ("colocated", 0, False)
-    assert hello(topology="disaggregated", prefill_units=1) == ("disaggregated", 1, False)
-    assert hello(lockstep=True) == ("colocated", 0, True)
+    assert hello() == ("colocated", 0, False, 0)
+    assert hello(topology="disaggregated", prefill_units=1) == ("disaggregated", 1, False, 0)
+    assert hello(lockstep=True) == ("colocated", 0, True, 0)
+    assert hello(instance_size=2) == ("colocated", 0, False, 2)
+    assert hello(instance_size=4) == ("colocated", 0, True, 0)  # one instance of every unit is lockstep
