@@ -297,3 +297,11 @@ def test_agent_builds_the_cluster_shape_it_is_asked_for(capsys: pytest.CaptureFi
     code = main(["agent", "--workload", "poisson:n=5", "--units", "2", "--topology", "disaggregated",
                  "--prefill-units", "2", "--listen", "127.0.0.1:0"])
     assert code == 2 and "2 prefill units of 2" in capsys.readouterr().err
+    workload = parse_workload("poisson:n=20,rate=50", seed=0)
+    node = make_node(BenchConfig(units=4, instance_size=2, dispatch="sbs"), workload)
+    assert node.lockstep_groups == ((0, 1), (2, 3))
+    node.run()
+    assert node.num_finished == 20
+    code = main(["agent", "--workload", "poisson:n=5", "--units", "4", "--instance-size", "3",
+                 "--listen", "127.0.0.1:0"])
+    assert code == 2 and "instance size 3 does not divide 4 units" in capsys.readouterr().err
