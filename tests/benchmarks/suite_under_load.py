@@ -1,11 +1,12 @@
 """Does the test suite hold on a loaded machine? (issue #21, item 8)
 
-    python tests/benchmarks/suite_under_load.py [--runs 3] [--busy 2] [--json FILE] [-- PYTEST ARGS...]
+    python tests/benchmarks/suite_under_load.py [--runs 3] [--busy 2] [--json FILE] [--logs DIR] [-- PYTEST ARGS...]
 
 Starts ``--busy`` processes that spin on the CPU (a shared CI machine with another job beside ours), then runs
 the README's test command (``pytest``, with any arguments after ``--``) ``--runs`` times in a row, each with
-JUnit XML, and prints per run: the wall time, passed/failed/errors/skipped, and the failed tests' names. The busy
-loops stop when it ends, also on Ctrl-C. Exits 1 if any run had a failure or an error, so it can gate a change.
+JUnit XML and its output kept in ``--logs`` (``runN.xml``, ``runN.log``), and prints per run: the wall time,
+passed/failed/errors/skipped, and the failed tests' names. The busy loops stop when it ends, also on Ctrl-C.
+Exits 1 if any run had a failure or an error, so it can gate a change.
 
 A suite that holds here waits for events, not for speeds: its fixtures run on simulated time and its waits have
 deadlines long enough for a machine that is slow, not only for one that is idle. Record the runs in
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="suite runs in a row (default 3)")
     ap.add_argument("--busy", type=int, default=2, help="CPU-spinning processes beside the suite (default 2)")
     ap.add_argument("--json", type=Path, help="write the runs' summaries here")
+    ap.add_argument("--logs", type=Path, help="keep each run's pytest output here as runN.log (default: a new "
+                    "temporary folder, printed and kept)")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.busy < 0:
         ap.error("--runs must be at least 1 and --busy at least 0")
@@ -74,22 +77,25 @@ def main(argv: list[str] | None = None) -> int:
     for p in busy:
         p.start()
     runs: list[dict[str, Any]] = []
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="suite-under-load-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"pytest output and JUnit XML in {logs}", flush=True)
     try:
-        with tempfile.TemporaryDirectory(prefix="suite-under-load-") as tmp:
-            for n in range(1, args.runs + 1):
-                xml = Path(tmp) / f"run{n}.xml"
-                cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *extra]
-                print(f"run {n}/{args.runs}: {' '.join(cmd[2:])} with {args.busy} busy loops", flush=True)
-                started = time.monotonic()
-                code = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, check=False).returncode
-                run: dict[str, Any] = {"run": n, "exit": code, "wall_s": round(time.monotonic() - started, 1),
-                                       "load_average_1m": load_average()}
-                run.update(junit_summary(xml) if xml.exists() else {"failed": ["(no JUnit XML: pytest crashed)"]})
-                runs.append(run)
-                print(f"  exit {code}, {run['wall_s']} s, passed {run.get('passed')}, failed "
-                      f"{run.get('failures')}, errors {run.get('errors')}, skipped {run.get('skipped')}", flush=True)
-                for name in run["failed"]:
-                    print(f"  FAILED {name}", flush=True)
+        for n in range(1, args.runs + 1):
+            xml = logs / f"run{n}.xml"
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *extra]
+            print(f"run {n}/{args.runs}: {' '.join(cmd[2:])} with {args.busy} busy loops", flush=True)
+            started = time.monotonic()
+            with (logs / f"run{n}.log").open("w") as log:
+                code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+            run: dict[str, Any] = {"run": n, "exit": code, "wall_s": round(time.monotonic() - started, 1),
+                                   "load_average_1m": load_average()}
+            run.update(junit_summary(xml) if xml.exists() else {"failed": ["(no JUnit XML: pytest crashed)"]})
+            runs.append(run)
+            print(f"  exit {code}, {run['wall_s']} s, passed {run.get('passed')}, failed "
+                  f"{run.get('failures')}, errors {run.get('errors')}, skipped {run.get('skipped')}", flush=True)
+            for name in run["failed"]:
+                print(f"  FAILED {name}", flush=True)
     finally:
         for p in busy:
             p.terminate()
