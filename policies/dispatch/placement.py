@@ -138,8 +138,10 @@ def water_fill(
     capacity: Sequence[tuple[int, int]],
     *,
     cache_aware: bool = False,
+    longest_first: bool = True,
 ) -> FillResult:
-    """PBAA: place ``leftover`` (earlier cycles) first, then ``new``; each group longest prompt first.
+    """PBAA: place ``leftover`` (earlier cycles) first, then ``new``; each group longest prompt first (seed 000's
+    Algorithm 2), or with ``longest_first=False`` in the order given (arrival order).
 
     ``capacity`` lists ``(unit_id, C_avail)`` of the candidate units; its order breaks ties (the first of
     equally good units wins), so a caller that lists units starting from its rotation target spreads a
@@ -156,7 +158,7 @@ def water_fill(
     assignments: list[tuple[str, int]] = []
     held: list[str] = []
     for group in (leftover, new):
-        for request in sorted(group, key=lambda r: -r.prompt_tokens):
+        for request in sorted(group, key=lambda r: -r.prompt_tokens) if longest_first else group:
             hits = dict(request.prefix_hits) if cache_aware else None
             best: int | None = None
             best_score = 0

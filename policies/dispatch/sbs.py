@@ -20,7 +20,9 @@ the next fire time (``next_check_s``: the end of the interval, or the target's w
 reports wake it earlier (``wants_step_reports``). Every ``next_check_s`` lies strictly after ``now_s``.
 
 Placement in a cycle is PBAA water-filling (:func:`policies.dispatch.placement.water_fill`): requests held
-in earlier cycles first, then new ones, each group longest prompt first, each to the unit with the most
+in earlier cycles first, then new ones, each group longest prompt first (``fill_order=fcfs``: in arrival order;
+on real prompt lengths the longest-first order is what makes SBS's mean TTFT worse than immediate dispatch,
+``docs/dispatch.md``), each to the unit with the most
 headroom ``C_avail`` (cache-aware with ``prefix_hits``; parameter ``headroom`` picks how ``C_avail`` reads
 a load, see :func:`policies.dispatch.placement.available_tokens`), among the *ready* units by default
 (``place_on=ready``: a unit in the middle of a step would queue the batch on the device, which is what
@@ -149,6 +151,14 @@ class StaggeredBatch(DispatchPolicy):
             choices=("next_step", "literal"),
         ),
         ParamSpec(
+            "fill_order",
+            "str",
+            "longest_first",
+            "order in which a cycle water-fills its requests: longest_first (the paper's PBAA) or fcfs (arrival "
+            "order, which keeps short prompts from waiting behind long ones)",
+            choices=("longest_first", "fcfs"),
+        ),
+        ParamSpec(
             "default_chunk_tokens",
             "int",
             8192,
@@ -184,6 +194,7 @@ class StaggeredBatch(DispatchPolicy):
         self.kv_mask = bool(self.params["kv_mask"])
         self.ready_only = self.params["place_on"] == "ready"
         self.default_chunk_tokens = int(self.params["default_chunk_tokens"])
+        self.longest_first = self.params["fill_order"] == "longest_first"
         self.headroom: HeadroomModel = "literal" if self.params["headroom"] == "literal" else "next_step"
 
     # -- state ----------------------------------------------------------------------------------------
@@ -312,7 +323,7 @@ class StaggeredBatch(DispatchPolicy):
         ]
         leftover = [p for p in pending if p.request_id in self._held]
         new = [p for p in pending if p.request_id not in self._held]
-        result = water_fill(leftover, new, capacity, cache_aware=self.cache_aware)
+        result = water_fill(leftover, new, capacity, cache_aware=self.cache_aware, longest_first=self.longest_first)
 
         by_id = {u.unit_id: u for u in pool}
         for rid, unit_id in result.assignments:

@@ -244,6 +244,16 @@ def test_water_fill_longest_first_to_the_most_headroom() -> None:
     assert result.held == ()
 
 
+def test_water_fill_in_arrival_order_keeps_the_order_given() -> None:
+    new = [req("a", 500), req("b", 300), req("c", 700), req("d", 200)]
+    result = water_fill([], new, [(0, 1000), (1, 600), (2, 800)], longest_first=False)
+    # a(500) -> 0 (1000 -> 500); b(300) -> 2 (800 -> 500); c(700) -> 1, the least negative (600 -> -100);
+    # d(200): tie at 300 between 0 and 2 -> the first listed, 0. Longest first gave c, a, b, d (the test above).
+    assert result.assignments == (("a", 0), ("b", 2), ("c", 1), ("d", 0))
+    assert not StaggeredBatch({"fill_order": "fcfs"}).longest_first
+    assert StaggeredBatch().longest_first  # the paper's order by default
+
+
 def test_water_fill_leftovers_go_first() -> None:
     capacity = [(0, 500), (1, 400)]
     # As one group: y(900) -> 0 (500 -> -400), then x(100) -> 1.
