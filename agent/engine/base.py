@@ -190,6 +190,8 @@ class Engine(Protocol):
     policy: BatchPolicy
     role: str
     """``mixed`` (colocated), ``prefill`` or ``decode`` (disaggregated pools)."""
+    instance: int | None
+    """The lockstep group the node put the unit in (``UnitLoad.instance``); None: it steps on its own."""
 
     def submit(self, request: SubmittedRequest, now_s: float) -> None: ...
 

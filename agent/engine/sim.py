@@ -171,6 +171,8 @@ class SimUnit:
         """The calibration profile's mixed-step interference ``kappa``, shown to policies as a prior."""
         self.role = role
         """``prefill``: a request leaves the unit (``StepResult.handoffs``) once its first token is sampled."""
+        self.instance: int | None = None
+        """Set by the node that groups its units in lockstep (``UnitLoad.instance``)."""
         self.running: list[_Req] = []
         self.waiting: deque[_Req] = deque()
         self.requests: dict[str, _Req] = {}
@@ -262,6 +264,7 @@ class SimUnit:
             prefill_admission_budget=self.policy.admission_budget_tokens(),
             max_num_seqs=self.max_num_seqs,
             role=self.role,
+            instance=self.instance,
             steps_done=self.num_steps,
             busy=self._inflight is not None,
             inflight_tokens=self._inflight_tokens,

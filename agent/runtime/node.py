@@ -104,6 +104,7 @@ class Node:
         for g, indices in enumerate(self._group_indices):
             for index in indices:
                 self._group_of[index] = g
+                self.units[index].instance = g  # its loads say so (UnitLoad.instance)
         self.migration = migration or MigrationConfig()
         self.on_migrate = on_migrate
         """Optional hook (telemetry) called when a request has moved (or went back to the dispatcher)."""
@@ -460,12 +461,7 @@ class Node:
             if self.disaggregated and (u.role == "prefill") != intake:
                 continue
             load = u.load(want)
-            g = self._group_of[i]
-            if self.unit_modes[i] != "active":
-                load = replace(load, healthy=False, instance=g if g >= 0 else None)
-            elif g >= 0:
-                load = replace(load, instance=g)
-            out.append(load)
+            out.append(load if self.unit_modes[i] == "active" else replace(load, healthy=False))
         return out
 
     def _start_migration(self, m: Migration) -> None:
