@@ -5,6 +5,7 @@
     python -m agent.bench.vllm_validate dispatch --model-1b DIR --out DIR   # 2 units on one GPU
     python -m agent.bench.vllm_validate papers   --model-8b DIR --out DIR   # seed 003's metrics (issue #19)
     python -m agent.bench.vllm_validate smoke --fake --out DIR              # the CPU path (fake executor)
+    python -m agent.bench.vllm_validate papers --fake --out DIR             # the papers part on a fake 8B engine
 
 * ``sync``/``async``: the calibration's ShareGPT-like workload (1,000 requests at once, regenerated exactly
   by :mod:`agent.engine.probe_workloads`) on plain vLLM and on the trackside scheduler with the ``vllm``
@@ -288,7 +289,8 @@ async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
     window = _window(args.trace, args.requests)
     knee, knees = paper_knee(window, PROFILES["8b"])
     out: dict[str, Any] = {"runs": [], "trace": args.trace, "requests": len(window), "slo_s": PAPER_SLO,
-                           "sim_knee_rps": knee, "sim_knees_rps": knees, "async_scheduling": True}
+                           "sim_knee_rps": knee, "sim_knees_rps": knees, "async_scheduling": not args.sync,
+                           "fake_executor": bool(args.fake)}
     _save(out)
     if knee is None:
         raise SystemExit(f"no knee in the simulator for this window: {knees}")
@@ -302,7 +304,7 @@ async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"about {estimate_s / 60:.1f} min of arrivals, over --max-minutes {args.max_minutes:g}: "
                          "fewer --requests, --loads or --policies")
     opts = EngineOptions(model=args.model_8b, load_format="dummy", gpu_memory_utilization=0.9,
-                         async_scheduling=True, enforce_eager=args.eager)
+                         async_scheduling=not args.sync, enforce_eager=args.eager)
     unit = VllmUnit(0, opts, UnitSettings(policy="vllm", coefficients=profile_coefs(PROFILES["8b"])),
                     **_fake(args, 0))
     _start(unit)
@@ -350,15 +352,23 @@ HISTORY = 500_000
 
 
 def _fake(args: argparse.Namespace, unit_id: int) -> dict[str, Any]:
-    """The unit's extra arguments: its history, and in CPU smoke mode a tiny model config on the CPU with the fake
-    executor (no GPU)."""
+    """The unit's extra arguments: its history, and with ``--fake`` a tiny model config on the CPU with the fake
+    executor (no GPU). The papers part's fake engine is shaped like its GPU engine: async scheduling (unless
+    ``--sync``), the 8B H100 profile's step times (sleeps on the executor's thread, overlapping the next step's
+    planning as a GPU's run does), 8,192 tokens and 256 requests per step, the H100's 28,239 KV blocks; the other
+    parts' is a small one."""
     if not args.fake:
         return {"history": HISTORY}
     from agent.engine.vllm.cpu import cpu_vllm_config
     from agent.engine.vllm.fake_executor import FakeExecutor
 
-    return {"vllm_config": cpu_vllm_config(async_scheduling=False), "executor_class": FakeExecutor,
-            "history": HISTORY}
+    if args.part == "papers":
+        config = cpu_vllm_config(async_scheduling=not args.sync, max_num_batched_tokens=8192, max_num_seqs=256,
+                                 num_blocks=28_239, max_model_len=16_384,
+                                 step_model=profile_coefs(PROFILES["8b"]) or (9.11e-3, 24.0e-6, 43.9e-9))
+    else:
+        config = cpu_vllm_config(async_scheduling=False)
+    return {"vllm_config": config, "executor_class": FakeExecutor, "history": HISTORY}
 
 
 async def part_smoke(args: argparse.Namespace) -> dict[str, Any]:
@@ -389,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
     ap.add_argument("--skip-slo", action="store_true")
     ap.add_argument("--fake", action="store_true", help="CPU: tiny model, fake executor (smoke test of the path)")
+    ap.add_argument("--sync", action="store_true", help="the papers part: synchronous scheduling (default: async, "
+                    "vLLM's default)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     t = time.time()

@@ -8,12 +8,17 @@ seconds (``additional_config["trackside_fake"]["step_model"]``); every sampled t
 
 It tracks each request's progress from the ``SchedulerOutput``s it is given (as a model runner does), so that
 it samples a token exactly when a request's known tokens are all computed, and none for a partial prefill.
+
+A non-blocking ``execute_model`` (what the engine core asks for) runs the step on one worker thread, as a GPU runs
+a launched step while the CPU goes on: under async scheduling step N+1 is planned while step N sleeps, so the
+scheduler sees the same overlap as on a GPU (before 2026-11-26 the sleep blocked the call, so step N had always
+ended by the time N+1 was planned).
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -40,7 +45,9 @@ class FakeExecutor(Executor):  # type: ignore[misc]
         self._logprobs: dict[str, int] = {}
         """Requests that asked for sample logprobs, and how many alternatives each."""
         """request id -> [known tokens, computed tokens]."""
-        self._pending: ModelRunnerOutput | None = None
+        self._pending: Future[ModelRunnerOutput] | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fake-executor")
+        """One step at a time, in launch order, as one GPU runs them."""
         self._spec = FullAttentionSpec(
             block_size=self.cache_config.block_size, num_kv_heads=2, head_size=64, dtype=torch.float16
         )
@@ -68,7 +75,7 @@ class FakeExecutor(Executor):  # type: ignore[misc]
         pass
 
     def shutdown(self) -> None:
-        pass
+        self._worker.shutdown(wait=False, cancel_futures=True)
 
     @property
     def supported_tasks(self) -> tuple[Any, ...]:
@@ -130,18 +137,19 @@ class FakeExecutor(Executor):  # type: ignore[misc]
         return LogprobsLists(token_ids, logprobs, np.ones(rows, dtype=np.int32), starts)
 
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
-        out = self._pending = self._run(scheduler_output)
-        if non_block:
-            f: Future[Any] = Future()
-            f.set_result(out)
-            return f
-        return out
+        if not non_block:
+            out = self._run(scheduler_output)
+            done: Future[ModelRunnerOutput] = Future()
+            done.set_result(out)
+            self._pending = done
+            return out
+        self._pending = self._worker.submit(self._run, scheduler_output)
+        return self._pending
 
     def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
-        out = self._pending
+        """The last launched step's output (a future of it when ``non_block``): the fake samples in ``_run``."""
+        pending = self._pending
         self._pending = None
-        if non_block:
-            f: Future[Any] = Future()
-            f.set_result(out)
-            return f
-        return out
+        if pending is None:
+            return None
+        return pending if non_block else pending.result()

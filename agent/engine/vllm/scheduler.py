@@ -144,6 +144,11 @@ class PolicySchedulerMixin:
         self.ts_pending: dict[int, _Pending] = {}
         self.ts_step_index = 0
         self.ts_last_output_s: float | None = None
+        self.ts_busy_until = 0.0
+        self.ts_plan_now = 0.0
+        """The time the step being planned starts (wall clock; the policy's ``now``)."""
+        """When the steps in flight are expected to have ended (``perf_counter``; async scheduling): the step planned
+        next starts then."""
         self.ts_sink: StepSink = make_sink(settings.step_addr)
         self.ts_inbox: ControlInbox | None = ControlInbox(settings.control_addr) if settings.control_addr else None
         self.ts_paused = False
@@ -173,8 +178,13 @@ class PolicySchedulerMixin:
         if placeholders > 0 and computed + 2 - placeholders >= prompt + r.max_tokens:
             # Async scheduling: its last token is already in flight; vLLM skips it (nothing left to compute).
             computed = prompt + outputs
-        view = RequestView(rid, slo[2], prompt, computed, outputs, slo[0], slo[1], first_token.get(rid),
-                           r.num_preemptions)
+        first = first_token.get(rid)
+        if first is None and placeholders > 0 and raw_outputs == 0:
+            # Async scheduling: its first token is in flight, out when the step in flight ends, which is when the
+            # step being planned starts (``ts_plan_now``). Without this its next token's deadline would still be
+            # its TTFT envelope's (seconds away), so a slack-spending policy would hold it back a whole step.
+            first = self.ts_plan_now
+        view = RequestView(rid, slo[2], prompt, computed, outputs, slo[0], slo[1], first, r.num_preemptions)
         self.ts_views[rid] = (key, view)
         return view
 
@@ -219,6 +229,14 @@ class PolicySchedulerMixin:
         self._ts_poll_control()
         t0 = time.perf_counter()
         now = time.time()
+        in_flight = bool(self.ts_pending)
+        if in_flight:
+            # Async scheduling: this step runs once the steps in flight end, so it is planned from then (a policy
+            # that spends slack would otherwise give this step time that the step in flight is already using).
+            ahead = self.ts_busy_until - t0
+            if ahead > 0.0:
+                now += ahead
+        self.ts_plan_now = now
         view = self._ts_view()
         plan = self.ts_policy.plan(view, now)
         plan_s = time.perf_counter() - t0
@@ -235,8 +253,10 @@ class PolicySchedulerMixin:
                 ctx += (r.computed_tokens if r is not None else self.requests[rid].num_computed_tokens - n) + n
                 new += n
             predicted = self.ts_cost.predict_s(new, ctx)
-            self.ts_pending[id(out)] = _Pending(self.ts_step_index, plan, decodes, predicted, time.perf_counter(),
-                                                plan_s, ctx)
+            t_ret = time.perf_counter()
+            busy = self.ts_busy_until
+            self.ts_busy_until = (busy if in_flight and busy > t_ret else t_ret) + predicted
+            self.ts_pending[id(out)] = _Pending(self.ts_step_index, plan, decodes, predicted, t_ret, plan_s, ctx)
         return out
 
     def _ts_enforce(self, plan: StepPlan, view: UnitView, *args: Any, **kwargs: Any) -> Any:
@@ -299,6 +319,8 @@ class PolicySchedulerMixin:
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         t_out = time.perf_counter()
         pending = self.ts_pending.pop(id(scheduler_output), None)
+        if self.ts_pending:  # the steps still in flight run from now on
+            self.ts_busy_until = t_out + sum(p.predicted_s for p in self.ts_pending.values())
         get = self.requests.get
         reqs = [get(rid) for rid in scheduler_output.num_scheduled_tokens] if pending is not None else []
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]

@@ -124,3 +124,32 @@ def test_idle_unit_reports_no_stale_admission_budget() -> None:
     unit.submitted_prompt_since_record = 20
     load = unit.load()
     assert load.prefill_admission_budget == 30.0 and load.busy
+
+
+def test_the_fake_executor_runs_a_launched_step_while_the_caller_goes_on() -> None:
+    """A non-blocking ``execute_model`` returns at once and the step's time passes on the executor's thread, as a
+    GPU runs a launched step, so async scheduling plans the next step while this one runs; a blocking call waits."""
+    import time
+    from types import SimpleNamespace
+
+    step_s = 0.5
+    executor = FakeExecutor(cpu_vllm_config(async_scheduling=True, step_model=(step_s, 0.0, 0.0)))
+    cached = SimpleNamespace(req_ids=[], resumed_req_ids=set(), all_token_ids={}, num_computed_tokens=[])
+
+    def output(rid: str) -> SimpleNamespace:
+        new = SimpleNamespace(req_id=rid, prompt_token_ids=[1, 2, 3], num_computed_tokens=0, sampling_params=None)
+        return SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[new], scheduled_cached_reqs=cached,
+                               num_scheduled_tokens={rid: 3}, total_num_scheduled_tokens=3)
+
+    try:
+        t = time.perf_counter()
+        future = executor.execute_model(output("a"), non_block=True)
+        launched_s = time.perf_counter() - t
+        assert executor.sample_tokens(None, non_block=True) is future
+        assert future.result().sampled_token_ids == [[7]]
+        assert launched_s < step_s / 2 <= time.perf_counter() - t
+        t = time.perf_counter()
+        out = executor.execute_model(output("b"), non_block=False)
+        assert time.perf_counter() - t >= step_s and out.sampled_token_ids == [[7]]
+    finally:
+        executor.shutdown()

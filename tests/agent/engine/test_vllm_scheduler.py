@@ -129,6 +129,47 @@ def test_plans_are_enforced(policy: str, params: dict[str, object], async_schedu
     assert not sched.has_requests()
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_step_planned_while_another_runs_starts_when_that_one_ends(async_scheduling: bool) -> None:
+    """Under async scheduling step N+1 is planned while step N runs, and starts only when N ends: the policy is
+    asked to plan it from then (the time step N was predicted to take, from its launch), so that a policy that
+    spends slack (FairBatching) does not also give it the time step N is using; and the first tokens step N
+    produces are taken as out by then (else a request's next deadline would stay its TTFT envelope's, seconds
+    away, and FairBatching held it back a whole step: a second token two steps after the first, measured on a fake
+    engine and on an H100, docs/vllm.md). Sync: the policy's clock is the wall clock."""
+    shape = Shape(max_num_batched_tokens=256, num_blocks=400, async_scheduling=async_scheduling)
+    a_s = 5.0  # a predicted 5 s fixed step cost: far above the test's own time, so the shift is unmistakable
+    # (the vllm policy ignores the clock and the cost, so it schedules as usual)
+    sched = make_scheduler(PolicyAsyncScheduler if async_scheduling else PolicyScheduler, shape, {
+        KEY: UnitSettings(policy="vllm", coefficients=(a_s, 1e-6, 1e-9), online_fit=False).as_config()})
+    inner = sched.ts_policy.plan
+    clocks: list[tuple[float, float, int]] = []  # (the policy's now, the wall clock, steps in flight)
+    no_first_token: list[str] = []
+
+    def plan(view, now):  # type: ignore[no-untyped-def]
+        clocks.append((now, time.time(), len(sched.ts_pending)))
+        # A request with output tokens has a first-token time, also when that token is still in flight (async):
+        # then it is the time the step in flight ends, the planned step's start.
+        for r in view.running:
+            if r.output_tokens and (r.first_token_s is None or r.first_token_s > now):
+                no_first_token.append(r.request_id)
+        return inner(view, now)
+
+    sched.ts_policy.plan = plan  # type: ignore[method-assign]
+    drive(sched, random_stream(7, n=8, max_prompt=200, max_out=12), lag=int(async_scheduling))
+    ahead = [now - wall for now, wall, _ in clocks]
+    assert not no_first_token, no_first_token
+    if not async_scheduling:
+        assert all(abs(x) < 1.0 for x in ahead), ahead
+        return
+    with_flight = [x for x, (_, _, n) in zip(ahead, clocks, strict=True) if n]
+    without = [x for x, (_, _, n) in zip(ahead, clocks, strict=True) if not n]
+    assert with_flight and without
+    # One step in flight, launched just before: planned from about its predicted end (5 s and a little more).
+    assert all(a_s - 1.0 < x < a_s + 1.0 for x in with_flight), with_flight
+    assert all(abs(x) < 1.0 for x in without), without
+
+
 def test_held_back_requests_stay_running() -> None:
     """A plan that leaves a running decode out of a step does not preempt it (it keeps its KV)."""
     shape = Shape(max_num_batched_tokens=256, num_blocks=400)
