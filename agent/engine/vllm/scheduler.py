@@ -34,7 +34,10 @@ one when it waits for a reply (``VllmUnit.reply``), so an idle engine applies a 
 Timing: nothing in vLLM times the forward pass. Sync scheduling: a step lasts from ``schedule()`` returning
 to ``update_from_output()`` starting. Async scheduling (step N+1 is planned while N runs): step N lasts from
 the later of its ``schedule()`` return and step N-1's output to step N's output. A policy under async
-scheduling sees counts one step late (vLLM's own behaviour).
+scheduling sees counts one step late (vLLM's own behaviour). It plans step N+1 from the time step N is predicted
+to end (``ts_busy_until``: N's launch plus its predicted time), which is when N+1 starts. A request whose first
+token N produces has that time as its first-token time (``ts_plan_now``). Without these, a slack-spending policy
+gave N+1 the time N was still using, and held every request's second token back a whole step (docs/vllm.md).
 """
 
 from __future__ import annotations
