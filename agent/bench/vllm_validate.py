@@ -262,6 +262,20 @@ def paper_knee(window: list[RequestSpec], profile: str) -> tuple[float | None, d
     return (max(found) if found else None), knees
 
 
+def tuned_sarathi(window: list[RequestSpec], profile: str) -> tuple[int | None, dict[str, Any]]:
+    """Sarathi's token budget tuned as seed 003 tunes its baseline (``trackside bench --tune-sarathi``: the best of
+    the default grid by the load it sustains at 90% attainment), in the simulator for one unit of ``profile`` on
+    ``window``; and the tuning's record."""
+    from agent.bench.knee import KneeSearch
+    from agent.bench.runner import BenchConfig, run_once
+    from agent.bench.tuning import DEFAULT_GRID, tune_sarathi
+
+    config = BenchConfig(profile=profile, units=1, batch_policy="sarathi", dispatch="round_robin",
+                         ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3)
+    tuning = tune_sarathi(config, lambda c: run_once(c, window), KneeSearch(), DEFAULT_GRID)
+    return tuning.chosen, tuning.as_json()
+
+
 def policy_arg(text: str) -> tuple[str, dict[str, str]]:
     """``NAME`` or ``NAME:key=value;key=value`` (a batch policy and parameters over its defaults)."""
     name, _, rest = text.partition(":")
@@ -294,6 +308,13 @@ async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
     _save(out)
     if knee is None:
         raise SystemExit(f"no knee in the simulator for this window: {knees}")
+    if args.tune_sarathi:
+        budget, out["sarathi_tuning"] = tuned_sarathi(window, PROFILES["8b"])
+        _save(out)
+        if budget is not None and f"sarathi:token_budget={budget}" not in args.policies:
+            args.policies.append(f"sarathi:token_budget={budget}")
+        print(f"Sarathi's tuned budget in the simulator: {budget} tokens "
+              f"(derived {out['sarathi_tuning']['derived_budget']})", flush=True)
     # Arrivals set the wall time: the window's span at each load, for each policy (plus drains, not counted).
     span_s = max(r.arrival_s for r in window) * offered_rps([r.arrival_s for r in window])
     estimate_s = sum(span_s / (knee * f) for f in args.loads) * len(args.policies)
@@ -399,12 +420,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
     ap.add_argument("--skip-slo", action="store_true")
     ap.add_argument("--fake", action="store_true", help="CPU: tiny model, fake executor (smoke test of the path)")
+    ap.add_argument("--tune-sarathi", action="store_true", help="the papers part: also run Sarathi with its token "
+                    "budget tuned in the simulator on the same window (seed 003's tuned baseline)")
     ap.add_argument("--sync", action="store_true", help="the papers part: synchronous scheduling (default: async, "
                     "vLLM's default)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     t = time.time()
-    SAVE.append(args.out / f"{args.part}.partial.json")
+    SAVE[:] = [args.out / f"{args.part}.partial.json"]  # this call's (a second call in one process writes its own)
     if args.part == "sync":
         result = asyncio.run(part_throughput(args, False))
     elif args.part == "async":

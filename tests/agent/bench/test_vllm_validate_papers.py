@@ -51,3 +51,24 @@ def test_every_run_gets_its_own_prompt_seed() -> None:
     # One seed for all runs replayed the same prompts on one engine, and its prefix cache answered them.
     a, b = next(SEEDS), next(SEEDS)
     assert a != b and 0 not in (a, b)  # 0 is the warm-up's
+
+
+def test_a_tuned_sarathi_joins_the_runs_with_the_simulators_best_budget(tmp_path: Path) -> None:
+    # Seed 003's baseline is Sarathi with its budget tuned per case: the grid is run in the simulator on the same
+    # window, before any engine starts, and the chosen budget joins the runs as sarathi:token_budget=N.
+    with pytest.raises(SystemExit, match="over --max-minutes"):
+        main(["papers", "--requests", "30", "--policies", "sarathi", "--tune-sarathi", "--max-minutes", "0",
+              "--out", str(tmp_path)])
+    partial = json.loads((tmp_path / "papers.partial.json").read_text())
+    tuning = partial["sarathi_tuning"]
+    chosen = tuning["chosen_budget"]
+    assert chosen in [b["budget"] for b in tuning["budgets"]]
+    best = max(b["sustained_rps"] or 0.0 for b in tuning["budgets"])
+    assert next(b for b in tuning["budgets"] if b["budget"] == chosen)["sustained_rps"] == best
+    # Two policies now (the derived and the tuned Sarathi): the estimate counts both.
+    tmp2 = tmp_path / "plain"
+    with pytest.raises(SystemExit, match="over --max-minutes"):
+        main(["papers", "--requests", "30", "--policies", "sarathi", "--max-minutes", "0", "--out", str(tmp2)])
+    plain = json.loads((tmp2 / "papers.partial.json").read_text())
+    assert "sarathi_tuning" not in plain
+    assert partial["estimate_s"] == pytest.approx(2 * plain["estimate_s"], abs=1)
