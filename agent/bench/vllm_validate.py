@@ -106,6 +106,17 @@ def mape(raw: list[StepMessage], coefs: tuple[float, float, float] | None) -> di
     return out
 
 
+def step_percentiles(raw: list[StepMessage]) -> dict[str, float]:
+    """The measured step times (ms) of the steps that ran tokens: p50, p99 and the longest. A single slow step
+    (a compile, a collection) fails every request in it under a per-token TPOT SLO; these show whether one did."""
+    times = sorted(r.duration_s * 1e3 for r in raw if r.num_prefill_tokens + r.num_decode_tokens > 0)
+    if not times:
+        return {}
+    n = len(times)
+    return {"p50": round(times[n // 2], 2), "p99": round(times[min(n - 1, int(0.99 * n))], 2),
+            "max": round(times[-1], 2)}
+
+
 def profile_coefs(name: str) -> tuple[float, float, float] | None:
     try:
         from agent.engine.profiles import load_profile
@@ -355,6 +366,7 @@ async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
             reply = unit.control_replies.pop(mid, None)
             s["policy_swap_ok"] = reply is not None and reply.ok
             s["sim_check"] = mape(res.raw[0], profile_coefs(PROFILES["8b"]))
+            s["step_ms"] = step_percentiles(res.raw[0])
             sim = run_once(BenchConfig(profile=PROFILES["8b"], units=1, batch_policy=name, dispatch="round_robin",
                                        ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3,
                                        params=params), reqs).summary

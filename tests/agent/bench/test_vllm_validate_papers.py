@@ -11,7 +11,16 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from agent.bench.vllm_validate import PAPER_SLO, PAPER_TRACE, SEEDS, _window, main, paper_knee, policy_arg
+from agent.bench.vllm_validate import (
+    PAPER_SLO,
+    PAPER_TRACE,
+    SEEDS,
+    _window,
+    main,
+    paper_knee,
+    policy_arg,
+    step_percentiles,
+)
 from policies.params import ParamError
 
 pytestmark = pytest.mark.vllm
@@ -72,3 +81,13 @@ def test_a_tuned_sarathi_joins_the_runs_with_the_simulators_best_budget(tmp_path
     plain = json.loads((tmp2 / "papers.partial.json").read_text())
     assert "sarathi_tuning" not in plain
     assert partial["estimate_s"] == pytest.approx(2 * plain["estimate_s"], abs=1)
+
+
+def test_step_percentiles_count_only_steps_that_ran_tokens() -> None:
+    from types import SimpleNamespace
+
+    steps = [SimpleNamespace(duration_s=(i + 1) / 1e3, num_prefill_tokens=0, num_decode_tokens=1) for i in range(200)]
+    steps.append(SimpleNamespace(duration_s=9.0, num_prefill_tokens=0, num_decode_tokens=0))  # idle: not counted
+    got = step_percentiles(steps)  # type: ignore[arg-type]
+    assert got == {"p50": 101.0, "p99": 199.0, "max": 200.0}
+    assert step_percentiles([]) == {}
