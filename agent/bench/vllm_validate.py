@@ -258,17 +258,23 @@ def _window(trace: str, n: int) -> list[RequestSpec]:
             for r in reqs]
 
 
+def paper_config(profile: str, policy: str, params: dict[str, str] | None = None) -> Any:
+    """The papers part's simulated case: one unit of ``profile`` running ``policy``, seed 003's SLOs."""
+    from agent.bench.runner import BenchConfig
+
+    return BenchConfig(profile=profile, units=1, batch_policy=policy, dispatch="round_robin",
+                       ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3, params=params or {})
+
+
 def paper_knee(window: list[RequestSpec], profile: str) -> tuple[float | None, dict[str, Any]]:
     """The simulator's knee for one unit of ``profile`` on ``window`` (the best baseline's 90%-attainment load,
     :mod:`agent.bench.knee`), and each baseline's."""
     from agent.bench.knee import BASELINES, KneeSearch, find_knee
-    from agent.bench.runner import BenchConfig, run_once
+    from agent.bench.runner import run_once
 
     knees: dict[str, Any] = {}
     for policy in BASELINES:
-        config = BenchConfig(profile=profile, units=1, batch_policy=policy, dispatch="round_robin",
-                             ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3)
-        knees[policy], _ = find_knee(config, lambda c: run_once(c, window), KneeSearch())
+        knees[policy], _ = find_knee(paper_config(profile, policy), lambda c: run_once(c, window), KneeSearch())
     found = [k for k in knees.values() if k is not None]
     return (max(found) if found else None), knees
 
@@ -278,11 +284,10 @@ def tuned_sarathi(window: list[RequestSpec], profile: str) -> tuple[int | None, 
     the default grid by the load it sustains at 90% attainment), in the simulator for one unit of ``profile`` on
     ``window``; and the tuning's record."""
     from agent.bench.knee import KneeSearch
-    from agent.bench.runner import BenchConfig, run_once
+    from agent.bench.runner import run_once
     from agent.bench.tuning import DEFAULT_GRID, tune_sarathi
 
-    config = BenchConfig(profile=profile, units=1, batch_policy="sarathi", dispatch="round_robin",
-                         ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3)
+    config = paper_config(profile, "sarathi")
     tuning = tune_sarathi(config, lambda c: run_once(c, window), KneeSearch(), DEFAULT_GRID)
     return tuning.chosen, tuning.as_json()
 
@@ -306,7 +311,7 @@ async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
     for the same requests (the 8B H100 profile: on another GPU the prediction is expected to differ by the GPUs'
     speed, and the steps' MAPE says by how much)."""
     from agent.bench.report import offered_rps
-    from agent.bench.runner import BenchConfig, run_once, scale_arrivals
+    from agent.bench.runner import run_once, scale_arrivals
     from policies.registry import make_batch_policy
 
     for policy in args.policies:  # a bad name or parameter fails here, before the engine starts
@@ -367,9 +372,7 @@ async def part_papers(args: argparse.Namespace) -> dict[str, Any]:
             s["policy_swap_ok"] = reply is not None and reply.ok
             s["sim_check"] = mape(res.raw[0], profile_coefs(PROFILES["8b"]))
             s["step_ms"] = step_percentiles(res.raw[0])
-            sim = run_once(BenchConfig(profile=PROFILES["8b"], units=1, batch_policy=name, dispatch="round_robin",
-                                       ttft_slo_ms=PAPER_SLO[0] * 1e3, tpot_slo_ms=PAPER_SLO[1] * 1e3,
-                                       params=params), reqs).summary
+            sim = run_once(paper_config(PROFILES["8b"], name, params), reqs).summary
             s["simulated"] = {k: sim.get(k) for k in ("slo_attainment", "effective_rps", "ttft_ms", "tpot_ms")}
             print(f"[{s['label']}] attainment {s['slo_attainment']:.3f} (sim {sim.get('slo_attainment')}), "
                   f"effective {s['effective_rps']:.2f} req/s, rejected {s['rejected']} ({time.time() - t:.0f}s)",
@@ -396,9 +399,11 @@ def _fake(args: argparse.Namespace, unit_id: int) -> dict[str, Any]:
     from agent.engine.vllm.fake_executor import FakeExecutor
 
     if args.part == "papers":
+        from agent.engine.vllm.scheduler import DEFAULT_COEFFICIENTS as c
+
         config = cpu_vllm_config(async_scheduling=not args.sync, max_num_batched_tokens=8192, max_num_seqs=256,
                                  num_blocks=28_239, max_model_len=16_384,
-                                 step_model=profile_coefs(PROFILES["8b"]) or (9.11e-3, 24.0e-6, 43.9e-9))
+                                 step_model=profile_coefs(PROFILES["8b"]) or (c.a_s, c.b_s, c.c_s))
     else:
         config = cpu_vllm_config(async_scheduling=False)
     return {"vllm_config": config, "executor_class": FakeExecutor, "history": HISTORY}

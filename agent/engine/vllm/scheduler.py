@@ -148,10 +148,10 @@ class PolicySchedulerMixin:
         self.ts_step_index = 0
         self.ts_last_output_s: float | None = None
         self.ts_busy_until = 0.0
-        self.ts_plan_now = 0.0
-        """The time the step being planned starts (wall clock; the policy's ``now``)."""
         """When the steps in flight are expected to have ended (``perf_counter``; async scheduling): the step planned
         next starts then."""
+        self.ts_plan_now = 0.0
+        """The time the step being planned starts (wall clock; the policy's ``now``)."""
         self.ts_sink: StepSink = make_sink(settings.step_addr)
         self.ts_inbox: ControlInbox | None = ControlInbox(settings.control_addr) if settings.control_addr else None
         self.ts_paused = False
