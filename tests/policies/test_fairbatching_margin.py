@@ -106,6 +106,29 @@ def test_measured_margin_keeps_steps_in_time_when_they_run_long() -> None:
     assert off.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == 0.0
 
 
+def test_a_new_policy_takes_its_margin_from_its_first_measured_step() -> None:
+    # A policy just started or hot-swapped has no errors yet. Before the fix it planned 16 steps to the deadline
+    # itself (the margin was recomputed every 16 steps only), and on seed 003's metric the first requests of the
+    # GPU's papers run failed by microseconds. Now each step refreshes the margin until the window holds 16.
+    now = 10.0
+    decodes = on_the_line(100, now)
+    burst = [rview("p", 12_000, arrival=now - 0.1)]
+    reqs = decodes + burst
+    policy = make_batch_policy("fairbatching")
+    plan = policy.plan(view(decodes, burst, H100_LOOP), now)
+    assert plan.reasons["margin_ms"] == 0.0
+    policy.observe_step(feedback(plan, reqs, 1.04))
+    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == round(0.05 * 0.04 / 1.04 * 1e3, 3)
+    policy.observe_step(feedback(plan, reqs, 1.08))  # the window's largest error so far
+    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == round(0.05 * 0.08 / 1.08 * 1e3, 3)
+    # Once the window is full, the margin moves only every ``margin_refresh`` steps again.
+    for _ in range(30):
+        policy.observe_step(feedback(plan, reqs, 1.08))
+    held = policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"]
+    policy.observe_step(feedback(plan, reqs, 1.3))
+    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == held
+
+
 def test_margin_is_capped_and_ignores_fast_steps() -> None:
     now = 10.0
     decodes = on_the_line(10, now)
