@@ -15,10 +15,14 @@ Every call of :meth:`CascadeInfer.dispatch`:
    resident and pending requests (topped up with the last seen lengths of departed requests when fewer than
    ``min_partition_samples``: the DP's ``n^2`` term needs the *concurrent* population, so departed requests
    only fill a thin snapshot). Too little data, or one unit: a single stage (plain least-load dispatch).
-   ``partition_method=dp`` (default) runs the exact DP, ``fast`` the paper's two-phase heuristic. Measured
+   ``partition_method=fast`` (default) runs the paper's two-phase heuristic, ``dp`` the exact DP. Measured
    on a 2-core sandbox (``tests/benchmarks/bench_cascade_partition.py``), 16 units over 128K context in
    doubling buckets: DP 2.6-8.3 ms for 1K-16K sampled requests, fast path 2.1-5.9 ms but 6-9% worse in
-   pipeline quality; the paper's speed argument for the heuristic does not hold for a vectorized DP.
+   pipeline quality; the paper's speed argument for the heuristic does not hold for a vectorized DP. End to
+   end the exact partition loses all the same (issue 19 item 8: "the paper's fast path as the default unless
+   the exact one wins end to end"): on a conversation-like load of 8 units at 51-127 req/s it met 1.3-2.2
+   points fewer SLOs than the fast path at four of the five heaviest loads (tied at the fifth, 0.2-0.5 points
+   more at the two lightest), with 2-3 times its migrations (``docs/policies.md``).
 2. **Refinement** (section 4.3) every ``refine_interval_s``: each unit of stage ``j`` proposes a boundary
    from its own lengths and the average of stage ``j+1``'s; the stage boundary becomes the mean of the
    unfrozen units' EMA-smoothed proposals (our choice: the paper lets each instance keep its own boundary,
@@ -93,7 +97,7 @@ CASCADE_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "partition_method",
         "str",
-        "dp",
+        "fast",
         "dp: the exact dynamic program; fast: the paper's one unit per stage then greedy merges",
         choices=("fast", "dp"),
     ),
