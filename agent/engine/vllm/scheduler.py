@@ -63,6 +63,7 @@ from policies.registry import BATCH_POLICIES
 from policies.types import RequestView, StepFeedback, StepMode, StepPlan, UnitView
 
 log = logging.getLogger(__name__)
+_new_tuple = tuple.__new__
 
 DEFAULT_COEFFICIENTS = StepCoefficients(9.11e-3, 24.0e-6, 43.9e-9)
 """H100, Llama-3.1-8B, CUDA graphs (``shared/calibration``): the prior when a unit names none."""
@@ -143,6 +144,8 @@ class PolicySchedulerMixin:
         self.ts_views: dict[str, tuple[tuple[int, int, int, int, bool], RequestView]] = {}
         """Each request's last view and the state it was built from (rebuilt only when that changed)."""
         self.ts_queued_tokens = 0
+        self.ts_decoding: set[str] = set()
+        """The running requests that decode in the step being planned (built with the view)."""
         self.ts_waiting_prev: tuple[tuple[Any, ...], tuple[RequestView, ...]] = ((), ())
         self.ts_pending: dict[int, _Pending] = {}
         self.ts_step_index = 0
@@ -187,7 +190,8 @@ class PolicySchedulerMixin:
             # step being planned starts (``ts_plan_now``). Without this its next token's deadline would still be
             # its TTFT envelope's (seconds away), so a slack-spending policy would hold it back a whole step.
             first = self.ts_plan_now
-        view = RequestView(rid, slo[2], prompt, computed, outputs, slo[0], slo[1], first, r.num_preemptions)
+        # RequestView(...) without the named tuple's Python-level __new__ (this runs for every running request).
+        view = _new_tuple(RequestView, (rid, slo[2], prompt, computed, outputs, slo[0], slo[1], first, key[3]))
         self.ts_views[rid] = (key, view)
         return view
 
@@ -206,10 +210,19 @@ class PolicySchedulerMixin:
                 queued += w.prompt_tokens + w.output_tokens - w.computed_tokens
             self.ts_queued_tokens = queued
             self.ts_waiting_prev = (queue, waiting)
+        running: list[RequestView] = []
+        decoding: set[str] = set()
+        for r in self.running:
+            v = view(r, ft)
+            running.append(v)
+            outputs = v[4]
+            if outputs > 0 and v[2] + outputs - v[3] == 1:  # RequestView.is_decode, inlined
+                decoding.add(v[0])
+        self.ts_decoding = decoding
         return UnitView(
             unit_id=self.ts_unit_id,
             step_index=self.ts_step_index,
-            running=tuple(view(r, ft) for r in self.running),
+            running=tuple(running),
             waiting=waiting,
             block_size=self.ts_block_size,
             num_blocks=self.ts_num_blocks,
@@ -247,15 +260,14 @@ class PolicySchedulerMixin:
         scheduled = out.num_scheduled_tokens
         if scheduled:
             self.ts_step_index += 1
-            decodes = {r.request_id for r in view.running if r.is_decode}
-            by_id = {r.request_id: r for r in view.running}
+            decodes = self.ts_decoding
+            # Each scheduled request's context after the step: vLLM's ``_update_after_schedule`` has advanced its
+            # ``num_computed_tokens`` by the tokens scheduled.
+            requests = self.requests
             ctx = 0
-            new = 0
-            for rid, n in scheduled.items():
-                r = by_id.get(rid)
-                ctx += (r.computed_tokens if r is not None else self.requests[rid].num_computed_tokens - n) + n
-                new += n
-            predicted = self.ts_cost.predict_s(new, ctx)
+            for rid in scheduled:
+                ctx += requests[rid].num_computed_tokens
+            predicted = self.ts_cost.predict_s(sum(scheduled.values()), ctx)
             t_ret = time.perf_counter()
             busy = self.ts_busy_until
             self.ts_busy_until = (busy if in_flight and busy > t_ret else t_ret) + predicted
@@ -331,6 +343,14 @@ class PolicySchedulerMixin:
             self._ts_record(pending, scheduler_output, reqs, t_out)
         return result
 
+    def _free_blocks(self, request: Any) -> None:
+        """vLLM lets go of a finished or aborted request here: so does the policy's per-request state."""
+        super()._free_blocks(request)  # type: ignore[misc]
+        rid = request.request_id
+        self.ts_first_token.pop(rid, None)
+        self.ts_slo.pop(rid, None)
+        self.ts_views.pop(rid, None)
+
     # -- records ----------------------------------------------------------------------------------
     def _ts_record(self, pending: _Pending, out: Any, reqs: list[Any], t_out: float) -> None:
         start = pending.scheduled_s
@@ -353,17 +373,11 @@ class PolicySchedulerMixin:
                 pre_reqs += 1
             if r is None:
                 continue
-            if rid not in ft and r.num_output_tokens > 0:
-                ft[rid] = now
-            if r.is_finished():
+            if r.is_finished():  # its per-request state left with it (``_free_blocks``)
                 finished_out.append(r.num_output_tokens)
                 finished_prompt.append(r.num_prompt_tokens)
-        for rid in [rid for rid in ft if rid not in self.requests]:
-            del ft[rid]
-        if len(self.ts_slo) > 2 * len(self.requests) + 1024:
-            live = self.requests
-            self.ts_slo = {k: v for k, v in self.ts_slo.items() if k in live}
-            self.ts_views = {k: v for k, v in self.ts_views.items() if k in live}
+            elif rid not in ft and r.num_output_tokens > 0:
+                ft[rid] = now
         plan = pending.plan
         mode = _mode(pre_tok, dec_tok)
         if self.ts_online and pre_tok + dec_tok:
