@@ -90,7 +90,7 @@ def test_measured_margin_keeps_steps_in_time_when_they_run_long() -> None:
     decodes = on_the_line(100, now)
     burst = [rview("p", 12_000, arrival=now - 0.1)]
     reqs = decodes + burst
-    policy = make_batch_policy("fairbatching")
+    policy = make_batch_policy("fairbatching", {"margin_floor": 0})
     plan = policy.plan(view(decodes, burst, H100_LOOP), now)
     assert plan.reasons["margin_ms"] == 0.0 and true_step_s(plan, reqs) * 1.04 > 0.05
     for _ in range(16):
@@ -114,7 +114,7 @@ def test_a_new_policy_takes_its_margin_from_its_first_measured_step() -> None:
     decodes = on_the_line(100, now)
     burst = [rview("p", 12_000, arrival=now - 0.1)]
     reqs = decodes + burst
-    policy = make_batch_policy("fairbatching")
+    policy = make_batch_policy("fairbatching", {"margin_floor": 0})
     plan = policy.plan(view(decodes, burst, H100_LOOP), now)
     assert plan.reasons["margin_ms"] == 0.0
     policy.observe_step(feedback(plan, reqs, 1.04))
@@ -129,10 +129,29 @@ def test_a_new_policy_takes_its_margin_from_its_first_measured_step() -> None:
     assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == held
 
 
+def test_margin_floor_is_a_guard_band_from_the_first_step() -> None:
+    now = 10.0
+    decodes = on_the_line(100, now)
+    burst = [rview("p", 12_000, arrival=now - 0.1)]
+    reqs = decodes + burst
+    floor = 0.01
+    floor_ms = round(0.05 * floor / (1 + floor) * 1e3, 3)
+    policy = make_batch_policy("fairbatching", {"margin_floor": floor})
+    plan = policy.plan(view(decodes, burst, H100_LOOP), now)
+    assert plan.reasons["margin_ms"] == floor_ms  # before any measured error
+    policy.observe_step(feedback(plan, reqs, 1.002))  # errors below the floor: the floor holds
+    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == floor_ms
+    policy.observe_step(feedback(plan, reqs, 1.04))  # above it: the measured error
+    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == round(0.05 * 0.04 / 1.04 * 1e3, 3)
+    # With the measured margin off (the paper's zero margin), the floor is off too.
+    off = make_batch_policy("fairbatching", {"margin_floor": floor, "margin_quantile": 0})
+    assert off.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == 0.0
+
+
 def test_margin_is_capped_and_ignores_fast_steps() -> None:
     now = 10.0
     decodes = on_the_line(10, now)
-    policy = make_batch_policy("fairbatching", {"margin_quantile": 1.0})
+    policy = make_batch_policy("fairbatching", {"margin_quantile": 1.0, "margin_floor": 0})
     plan = policy.plan(view(decodes, [], H100_LOOP), now)
     for _ in range(16):
         policy.observe_step(feedback(plan, decodes, 0.5))  # faster than predicted: no negative margin

@@ -93,7 +93,7 @@ def test_fairbatching_urgent_decodes_first_and_non_urgent_held_during_a_burst() 
     urgent = rview("u", 100, computed=109, output=10, arrival=now + 0.01 - 0.5 - 0.05 * 10)
     relaxed = [rview(f"n{i}", 100, computed=100, output=1, arrival=now - 0.1) for i in range(3)]
     burst = rview("p", 8000, arrival=now - 0.05)
-    plan = make_batch_policy("fairbatching").plan(view([urgent, *relaxed], [burst]), now)
+    plan = make_batch_policy("fairbatching", {"margin_floor": 0}).plan(view([urgent, *relaxed], [burst]), now)
     got = entries(plan)
     assert got["u"] == 1
     # The prefill chunk uses the rest of the time budget: (0.05 - a - cost(u)) / (b + c) tokens.
