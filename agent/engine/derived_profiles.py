@@ -49,8 +49,10 @@ class DerivedSpec:
     """Name of the measured profile in :data:`agent.engine.calibration.SHIPPED_PROFILES`."""
     base_gpu: GpuFigures
     gpu: GpuFigures
-    crossover_decode_fraction: float
-    """Decode share where the paper saw mixed steps' marginal cost cross pure decode's."""
+    crossover_decode_fraction: float | None
+    """Decode share where the paper saw mixed steps' marginal cost cross pure decode's (``kappa`` is set to put
+    the crossover there); None: ``kappa`` is the base profile's measured one, so that nothing in the profile comes
+    from the claim a benchmark on it would test (issue #19, item 6)."""
     reference_decode_context_tokens: int
     reference: str
     kv_bytes_per_token: int
@@ -65,6 +67,12 @@ DERIVED_PROFILES: tuple[DerivedSpec, ...] = (
         reference="seed 002 (exclusive batching): on an RTX PRO 6000 (1.792 TB/s) the mixed-batch per-token "
                   "marginal cost exceeds pure decode's from a decode share of about 20% (H200, 4.8 TB/s: about "
                   "80%); Table 1 for the GPU's figures",
+    ),
+    DerivedSpec(
+        "rtxpro6000-llama31-8b-physical", "h100-llama31-8b", H100_SXM, RTX_PRO_6000,
+        crossover_decode_fraction=None, reference_decode_context_tokens=0, kv_bytes_per_token=32 * 8 * 128 * 2 * 2,
+        reference="seed 002 (exclusive batching), Table 1 for the GPU's figures only; the interference kappa is "
+                  "the H100 profile's measured one, not the paper's crossover",
     ),
 )
 
@@ -93,7 +101,8 @@ def derive_bandwidth_scaled_profile(base: Profile, spec: DerivedSpec) -> Profile
     * ``kappa`` (:func:`agent.engine.timing.kappa_for_crossover`): the value that puts the crossover of the
       mixed-step and pure-decode per-token marginal costs at the paper's decode share, at the stated
       reference decode context, given ``a', b', c'`` (closed form: ``kappa = c'(C - 1) / (rho (b' + c' +
-      rho c'(C - 1)))``).
+      rho c'(C - 1)))``); or, without a crossover (``crossover_decode_fraction=None``), the base profile's
+      measured ``kappa``: the profile then holds nothing but the base's measurements and the GPUs' figures.
 
     Noise, engine-loop and ``schedule()`` overheads and engine limits are copied from the base (host-side,
     or settings). Fit statistics, records and KV evidence do not exist.
@@ -115,10 +124,12 @@ def derive_bandwidth_scaled_profile(base: Profile, spec: DerivedSpec) -> Profile
         f"{spec.base_gpu.dense_bf16_tflops:g} / {spec.gpu.dense_bf16_tflops:g} TFLOPS; KV cache: the base's "
         f"{base.usable_gpu_blocks:,} usable blocks + {spec.gpu_memory_utilization:g} x "
         f"({spec.gpu.memory_gib:g} - {spec.base_gpu.memory_gib:g}) GiB / {block_bytes // 2**20} MiB per block "
-        f"= {extra_blocks:,} more (same weights and activation reserve); kappa puts the crossover of the mixed "
-        f"and pure-decode per-token marginal costs at decode share {spec.crossover_decode_fraction:g} at a "
-        f"{spec.reference_decode_context_tokens:,}-token decode context. Noise, loop overheads and engine "
-        f"limits copied from {spec.base}."
+        f"= {extra_blocks:,} more (same weights and activation reserve); " + (
+            f"kappa puts the crossover of the mixed and pure-decode per-token marginal costs at decode share "
+            f"{spec.crossover_decode_fraction:g} at a {spec.reference_decode_context_tokens:,}-token decode context."
+            if spec.crossover_decode_fraction is not None else
+            f"kappa is {spec.base}'s measured {base.interference_kappa:g} (no interference target from a paper)."
+        ) + f" Noise, loop overheads and engine limits copied from {spec.base}."
     )
     derived = replace(
         base,
@@ -144,6 +155,8 @@ def derive_bandwidth_scaled_profile(base: Profile, spec: DerivedSpec) -> Profile
             reference_decode_context_tokens=spec.reference_decode_context_tokens, method=method,
         ),
     )
+    if spec.crossover_decode_fraction is None:
+        return _as_shipped(replace(derived, interference_kappa=base.interference_kappa))
     coefs = _as_shipped(derived).coefficients  # kappa from the coefficients exactly as shipped
     kappa = kappa_for_crossover(coefs, spec.crossover_decode_fraction, spec.reference_decode_context_tokens)
     return _as_shipped(replace(derived, interference_kappa=kappa))

@@ -126,7 +126,9 @@ def _derivation_json(d: Derivation | None) -> dict[str, Any] | None:
         "base_memory_bandwidth_tb_per_s": _sig(d.base_memory_bandwidth_tb_per_s),
         "dense_bf16_tflops": _sig(d.dense_bf16_tflops), "base_dense_bf16_tflops": _sig(d.base_dense_bf16_tflops),
         "memory_gib": _sig(d.memory_gib), "base_memory_gib": _sig(d.base_memory_gib),
-        "crossover_decode_fraction": _sig(d.crossover_decode_fraction),
+        "crossover_decode_fraction": (
+            None if d.crossover_decode_fraction is None else _sig(d.crossover_decode_fraction)
+        ),
         "reference_decode_context_tokens": d.reference_decode_context_tokens, "method": d.method,
     }
 
@@ -140,7 +142,9 @@ def _derivation_from(d: dict[str, Any] | None) -> Derivation | None:
         base_memory_bandwidth_tb_per_s=float(d["base_memory_bandwidth_tb_per_s"]),
         dense_bf16_tflops=float(d["dense_bf16_tflops"]), base_dense_bf16_tflops=float(d["base_dense_bf16_tflops"]),
         memory_gib=float(d["memory_gib"]), base_memory_gib=float(d["base_memory_gib"]),
-        crossover_decode_fraction=float(d["crossover_decode_fraction"]),
+        crossover_decode_fraction=(
+            None if d["crossover_decode_fraction"] is None else float(d["crossover_decode_fraction"])
+        ),
         reference_decode_context_tokens=int(d["reference_decode_context_tokens"]), method=d["method"],
     )
 

@@ -113,10 +113,12 @@ class Derivation:
     base_dense_bf16_tflops: float
     memory_gib: float
     base_memory_gib: float
-    crossover_decode_fraction: float
-    """Decode share at which a mixed step's per-token marginal cost equals pure decode's (sets ``kappa``)."""
+    crossover_decode_fraction: float | None
+    """Decode share at which a mixed step's per-token marginal cost equals pure decode's (sets ``kappa``); None:
+    ``kappa`` is the base profile's measured one (no target taken from a paper)."""
     reference_decode_context_tokens: int
-    """Decode context at which that crossover is placed (:func:`agent.engine.timing.marginal_cost_crossover`)."""
+    """Decode context at which that crossover is placed (:func:`agent.engine.timing.marginal_cost_crossover`); 0
+    without a crossover."""
     method: str
     """The derivation in words (also in the description)."""
 

@@ -35,6 +35,7 @@ DATA = REPO / "agent" / "engine" / "profiles"
 SHIPPED = ["h100-llama31-8b", "h100-llama31-8b-eager", "h100-llama32-1b", "h100-llama32-1b-shared"]
 """The measured profiles (each with its step records)."""
 DERIVED = "rtxpro6000-llama31-8b-derived"
+PHYSICAL = "rtxpro6000-llama31-8b-physical"
 """Computed from h100-llama31-8b and seed 002's figures, never measured."""
 
 # shared/calibration/README.md, table "Step-time calibration": a (ms), b (us), c (ns), R^2, MAPE, schedule() (us)
@@ -59,7 +60,7 @@ def calibration(name: str) -> np.ndarray:
 
 
 def test_every_shipped_profile_loads() -> None:
-    assert list_profiles() == sorted([*SHIPPED, DERIVED])
+    assert list_profiles() == sorted([*SHIPPED, DERIVED, PHYSICAL])
     assert DEFAULT_PROFILE in SHIPPED
     for name in SHIPPED:
         p = load_profile(name)
@@ -346,6 +347,17 @@ def test_derived_profile_is_scaled_from_the_h100_profile() -> None:
     assert p.usable_gpu_blocks - base.usable_gpu_blocks == int(0.85 * 16 * 2**30 // (16 * 128 * 1024)) == 6963
     assert (p.block_size, p.max_num_batched_tokens, p.max_num_seqs, p.max_model_len) == (16, 8192, 512, 16384)
     assert (p.noise_sigma, p.loop_overhead_s) == (base.noise_sigma, base.loop_overhead_s)
+
+
+def test_physical_profile_is_the_derived_one_with_the_h100s_measured_kappa() -> None:
+    """Issue #19 item 6: a bandwidth-poor profile with nothing from the claim under test (the paper's crossover)."""
+    base, derived, p = load_profile(DEFAULT_PROFILE), load_profile(DERIVED), load_profile(PHYSICAL)
+    assert p.coefficients == derived.coefficients and p.num_gpu_blocks == derived.num_gpu_blocks
+    assert p.interference_kappa == base.interference_kappa < derived.interference_kappa / 50
+    assert p.derived_from is not None and p.derived_from.crossover_decode_fraction is None
+    assert p.is_derived and "NOT MEASURED" in p.description and "no interference target" in p.description
+    # Mixed steps never cost more per token than pure decode here, as on the measured H100.
+    assert crossover_by_finite_differences(PHYSICAL) is None
 
 
 def test_derived_profile_is_marked_everywhere_and_has_no_fit() -> None:
