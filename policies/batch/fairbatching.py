@@ -236,6 +236,7 @@ class FairBatching(BatchPolicy):
         reqs.extend(unit.waiting[: self.waiting_scan])
         n_all = len(reqs)
 
+        seq_room = unit.max_num_seqs - num_running
         # Pass 1: slack, decode state, minima. Decodes (running only) and prefills by index.
         slacks = [0.0] * n_all
         decode_idx: list[int] = []
@@ -270,7 +271,7 @@ class FairBatching(BatchPolicy):
             if i < num_running and out > 0 and num_tokens - r.computed_tokens == 1:
                 decode_idx.append(i)
                 decode_ctx += r.computed_tokens
-            else:
+            elif i < num_running or seq_room > 0:  # with no free slot a waiting request is never planned (2)
                 prefill_idx.append(i)
         init = max(min_slack, min_tpot)
         threshold = init + min_tpot
@@ -308,7 +309,6 @@ class FairBatching(BatchPolicy):
         # (2) Prefills, whole or chunked to the time left.
         prefill_chunks = prefill_tokens = largest_chunk = admitted = 0
         chunk_limit = "none"
-        seq_room = unit.max_num_seqs - num_running
         bs = unit.block_size
         # KV left for admissions: free blocks minus what the urgent decodes' new tokens take.
         free_blocks = unit.free_blocks - sum(1 for i in urgent if reqs[i].computed_tokens % bs == 0)
