@@ -414,7 +414,7 @@ class FairBatching(BatchPolicy):
             "urgent_decodes_taken": urgent_taken,
             "decodes_taken": decodes,
             "decodes_held_back": held,
-            "predicted_step_ms": round((init - margin - time_budget) * 1e3, 3),
+            "predicted_step_ms": round((init - margin - time_budget) * 1e3, 3) if reqs else 0.0,  # (inf - inf)
             "loop_ms": round(d * (len(running_entries)) * 1e3, 3),
             "pab_tokens": round(pab, 1),
         }

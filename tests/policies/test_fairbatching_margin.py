@@ -6,6 +6,8 @@ The "truth" here is the simulator's step time without noise: ``a + b * new + c *
 
 from __future__ import annotations
 
+import math
+
 from builders import rview
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -187,3 +189,10 @@ def test_planned_step_never_outlasts_its_time_budget_unless_urgent_decodes_alone
     if plan.reasons["urgent_over_budget"] == 0:
         assert true_step_s(plan, running + wait, cost) <= init + 1e-9
     assert abs(plan.reasons["predicted_step_ms"] - true_step_s(plan, running + wait, cost) * 1e3) < 1e-3  # type: ignore[operator]
+
+
+def test_an_empty_unit_plans_nothing_and_no_nan() -> None:
+    # Nothing to plan: the predicted step was inf - inf (NaN) in the reasons, which JSON exports cannot carry.
+    plan = make_batch_policy("fairbatching").plan(view([], [], H100_LOOP), 10.0)
+    assert plan.entries == () and plan.reasons["predicted_step_ms"] == 0.0
+    assert not any(isinstance(v, float) and math.isnan(v) for v in plan.reasons.values())
