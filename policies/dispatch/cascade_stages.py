@@ -5,8 +5,9 @@ the stage boundaries ``0, l_1, ..., max_context`` (floats, since refinement move
 integers are what routing and telemetry see) and the unit ids of each stage. On it:
 
 - **Routing** (section 3.2, :meth:`StageMap.route`): a request goes to the stage covering its prompt length,
-  inside it to the unit with the least memory demand (:func:`demand_tokens`, counting this call's
-  placements), then fewer requests, then the lowest id.
+  inside it (the paper does not say how) to the unit with the lowest ``4 * waiting + running``, vLLM's DP
+  balancer's score (``stage_routing=load``, the default since 2026-11-26), or to the least memory demand
+  (:func:`demand_tokens`, ``stage_routing=memory``, the default before), counting this call's placements.
 - **Range refinement** (section 4.3, :meth:`StageMap.refine`): each unit of stage ``j`` proposes a boundary
   (:func:`policies.dispatch.cascade_partition.refine_boundary`); the stage boundary becomes the mean of the
   unfrozen units' proposals, clipped to stay strictly between its neighbours.
@@ -73,7 +74,20 @@ class StageMap:
         j = bisect.bisect_right(self.int_bounds(), tokens) - 1
         return min(max(j, 0), len(self.members) - 1)
 
-    def route(self, pending: Sequence[PendingRequest], by_id: Mapping[int, UnitLoad]) -> tuple[tuple[str, int], ...]:
+    def route(self, pending: Sequence[PendingRequest], by_id: Mapping[int, UnitLoad], *,
+              by_memory: bool = False) -> tuple[tuple[str, int], ...]:
+        """Each request to the stage covering its prompt length; inside it to the unit with the lowest ``4 *
+        waiting + running`` (vLLM's DP balancer's score, ``least_loaded``'s), counting this call's placements, then
+        the lowest id; with ``by_memory`` to the least memory demand (:func:`demand_tokens`), then fewer requests."""
+        if not by_memory:
+            score = {u: 4 * by_id[u].num_waiting + by_id[u].num_running for m in self.members for u in m}
+            placed: list[tuple[str, int]] = []
+            for req in pending:
+                members = self.members[self.stage_for_length(req.prompt_tokens)]
+                unit = min(members, key=lambda k: (score[k], k))
+                score[unit] += 4
+                placed.append((req.request_id, unit))
+            return tuple(placed)
         demand = {u: demand_tokens(by_id[u]) for m in self.members for u in m}
         count = {u: by_id[u].num_running + by_id[u].num_waiting for u in demand}
         out: list[tuple[str, int]] = []

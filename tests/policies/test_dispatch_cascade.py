@@ -8,6 +8,7 @@ the comments. Stages are pinned with ``set_stages`` and the automatic partition 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -122,8 +123,21 @@ def test_partition_from_data_forms_consecutive_stages() -> None:
 # ---- routing ---------------------------------------------------------------------------------------------
 
 
-def test_routing_by_stage_then_least_demand() -> None:
+def test_routing_by_stage_then_least_load() -> None:
+    # Inside a stage: the lowest 4 * waiting + running (vLLM's DP balancer's score), this call's placements counted
+    # as waiting, then the lowest id.
     p = policy([[0, 1], [2, 3]], [0, 1000, 131_072])
+    units = [replace(unit(0, [rr("a", 10), rr("b", 10)]), num_waiting=1),  # 4 + 2 = 6
+             unit(1, [rr("c", 10)] * 5),  # 5
+             unit(2, [rr("d", 10)]),  # 1
+             unit(3, kv=0)]  # 0
+    d = p.dispatch([pend("s1", 500), pend("s2", 200), pend("l1", 5000), pend("l2", 4000), pend("l3", 3000)], units, 0.0)
+    # s1: unit 1 (5 < 6) -> 9; s2: unit 0 (6 < 9); l1: unit 3 (0 < 1) -> 4; l2: unit 2 (1 < 4) -> 5; l3: unit 3 (4 < 5)
+    assert d.assignments == (("s1", 1), ("s2", 0), ("l1", 3), ("l2", 2), ("l3", 3))
+
+
+def test_routing_by_stage_then_least_demand() -> None:
+    p = policy([[0, 1], [2, 3]], [0, 1000, 131_072], stage_routing="memory")
     units = [unit(0, kv=300), unit(1, kv=100), unit(2, kv=50), unit(3, kv=40, queued_prefill=20)]
     d = p.dispatch([pend("s1", 500), pend("s2", 200), pend("l1", 5000), pend("edge", 1000)], units, 0.0)
     # s1 (500 < 1000): unit 1 (100 < 300) -> 600; s2: unit 0 (300 < 600); l1 (>= 1000): unit 2 (50 < 60)
