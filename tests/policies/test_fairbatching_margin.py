@@ -12,6 +12,7 @@ from builders import rview
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies.base import BatchPolicy
 from policies.cost.step_model import StepCoefficients
 from policies.registry import make_batch_policy
 from policies.types import RequestView, StepFeedback, StepMode, StepPlan, UnitView
@@ -85,27 +86,42 @@ def feedback(plan: StepPlan, reqs: list[RequestView], slowdown: float) -> StepFe
     return StepFeedback(StepMode.MIXED, new, 0, ctx, len(plan.entries), measured, measured, num_unfinished=1)
 
 
+def burst_on_the_line(now: float) -> tuple[list[RequestView], list[RequestView], list[RequestView]]:
+    """100 decodes due in one TPOT and a 12,000-token prompt behind them (the step is filled to its deadline): the
+    decodes, the burst, and both."""
+    decodes = on_the_line(100, now)
+    burst = [rview("p", 12_000, arrival=now - 0.1)]
+    return decodes, burst, decodes + burst
+
+
+def margin_ms(policy: BatchPolicy, decodes: list[RequestView], burst: list[RequestView], now: float) -> object:
+    return policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"]
+
+
+def expected_ms(rel: float) -> float:
+    """The margin of a 50 ms deadline planned to end early by the relative error ``rel``."""
+    return round(0.05 * rel / (1 + rel) * 1e3, 3)
+
+
 def test_measured_margin_keeps_steps_in_time_when_they_run_long() -> None:
     # Steps run 4% longer than the model says (an engine cost the model lacks): after a window of such steps the
     # planner ends its steps early by that 4%, and the real step fits the deadline again.
     now = 10.0
-    decodes = on_the_line(100, now)
-    burst = [rview("p", 12_000, arrival=now - 0.1)]
-    reqs = decodes + burst
+    decodes, burst, reqs = burst_on_the_line(now)
     policy = make_batch_policy("fairbatching", {"margin_floor": 0})
     plan = policy.plan(view(decodes, burst, H100_LOOP), now)
     assert plan.reasons["margin_ms"] == 0.0 and true_step_s(plan, reqs) * 1.04 > 0.05
     for _ in range(16):
         policy.observe_step(feedback(plan, reqs, 1.04))
     plan = policy.plan(view(decodes, burst, H100_LOOP), now)
-    assert plan.reasons["margin_ms"] == round(0.05 * 0.04 / 1.04 * 1e3, 3)
+    assert plan.reasons["margin_ms"] == expected_ms(0.04)
     assert true_step_s(plan, reqs) * 1.04 <= 0.05 + 1e-12
     # Off: the paper's zero margin.
     off = make_batch_policy("fairbatching", {"margin_quantile": 0})
     off.plan(view(decodes, burst, H100_LOOP), now)
     for _ in range(16):
         off.observe_step(feedback(plan, reqs, 1.04))
-    assert off.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == 0.0
+    assert margin_ms(off, decodes, burst, now) == 0.0
 
 
 def test_a_new_policy_takes_its_margin_from_its_first_measured_step() -> None:
@@ -113,41 +129,36 @@ def test_a_new_policy_takes_its_margin_from_its_first_measured_step() -> None:
     # itself (the margin was recomputed every 16 steps only), and on seed 003's metric the first requests of the
     # GPU's papers run failed by microseconds. Now each step refreshes the margin until the window holds 16.
     now = 10.0
-    decodes = on_the_line(100, now)
-    burst = [rview("p", 12_000, arrival=now - 0.1)]
-    reqs = decodes + burst
+    decodes, burst, reqs = burst_on_the_line(now)
     policy = make_batch_policy("fairbatching", {"margin_floor": 0})
     plan = policy.plan(view(decodes, burst, H100_LOOP), now)
     assert plan.reasons["margin_ms"] == 0.0
     policy.observe_step(feedback(plan, reqs, 1.04))
-    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == round(0.05 * 0.04 / 1.04 * 1e3, 3)
+    assert margin_ms(policy, decodes, burst, now) == expected_ms(0.04)
     policy.observe_step(feedback(plan, reqs, 1.08))  # the window's largest error so far
-    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == round(0.05 * 0.08 / 1.08 * 1e3, 3)
+    assert margin_ms(policy, decodes, burst, now) == expected_ms(0.08)
     # Once the window is full, the margin moves only every ``margin_refresh`` steps again.
     for _ in range(30):
         policy.observe_step(feedback(plan, reqs, 1.08))
-    held = policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"]
+    held = margin_ms(policy, decodes, burst, now)
     policy.observe_step(feedback(plan, reqs, 1.3))
-    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == held
+    assert margin_ms(policy, decodes, burst, now) == held
 
 
 def test_margin_floor_is_a_guard_band_from_the_first_step() -> None:
     now = 10.0
-    decodes = on_the_line(100, now)
-    burst = [rview("p", 12_000, arrival=now - 0.1)]
-    reqs = decodes + burst
+    decodes, burst, reqs = burst_on_the_line(now)
     floor = 0.01
-    floor_ms = round(0.05 * floor / (1 + floor) * 1e3, 3)
     policy = make_batch_policy("fairbatching", {"margin_floor": floor})
     plan = policy.plan(view(decodes, burst, H100_LOOP), now)
-    assert plan.reasons["margin_ms"] == floor_ms  # before any measured error
+    assert plan.reasons["margin_ms"] == expected_ms(floor)  # before any measured error
     policy.observe_step(feedback(plan, reqs, 1.002))  # errors below the floor: the floor holds
-    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == floor_ms
+    assert margin_ms(policy, decodes, burst, now) == expected_ms(floor)
     policy.observe_step(feedback(plan, reqs, 1.04))  # above it: the measured error
-    assert policy.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == round(0.05 * 0.04 / 1.04 * 1e3, 3)
+    assert margin_ms(policy, decodes, burst, now) == expected_ms(0.04)
     # With the measured margin off (the paper's zero margin), the floor is off too.
     off = make_batch_policy("fairbatching", {"margin_floor": floor, "margin_quantile": 0})
-    assert off.plan(view(decodes, burst, H100_LOOP), now).reasons["margin_ms"] == 0.0
+    assert margin_ms(off, decodes, burst, now) == 0.0
 
 
 def test_margin_is_capped_and_ignores_fast_steps() -> None:
