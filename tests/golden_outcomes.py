@@ -117,10 +117,13 @@ EXTRA_CASES: tuple[tuple[str, str, str, str, dict[str, Any]], ...] = (
     ("azure_code_2023", "vllm", "cascade", "recompute", {"migration": "recompute"}),
     ("small_azure", "vllm", "least_loaded", "disaggregated", {"topology": "disaggregated"}),
     ("small_azure", "vllm", "sbs", "disaggregated", {"topology": "disaggregated"}),
+    ("azure_code_2023", "eb", "least_loaded", "one-unit", {"units": 1}),
+    ("azure_code_2023", "eb", "least_loaded", "one-unit-fluid", {"units": 1, "params": {"theta_method": "fluid"}}),
 )
 """Cluster shapes and paths that bench's defaults do not reach: lockstep (sbs's home), PAB's balancer with its
 batch policy, a unit failing mid-run (one comes back, one does not), cascade's migrations by recompute (its
-default, live, is in the every-dispatch cases), and disaggregated prefill/decode pools (hand-offs)."""
+default, live, is in the every-dispatch cases), disaggregated prefill/decode pools (hand-offs), and EB's adaptive
+theta* by both methods (on four units no unit finishes the 64 requests theta* waits for; on one it adapts)."""
 
 
 def case_name(slice_name: str, batch: str, dispatch: str, variant: str = "") -> str:
