@@ -7,7 +7,7 @@ counts its own placements, so a burst is spread instead of piling onto one unit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
@@ -55,14 +55,37 @@ def _in_turn(request_ids: Sequence[str], unit_ids: Sequence[int], start: int) ->
     return out, start
 
 
+VLLM_WAITING_WEIGHT = 4.0
+"""The weight of a waiting request in vLLM's DP load balancer's score."""
+
+
+class LoadScores:
+    """vLLM's DP load balancer's score of each unit, ``waiting_weight * waiting + running``, kept through one dispatch
+    decision: a request placed on a unit counts as waiting there (``least_loaded``; cascade inside a stage)."""
+
+    __slots__ = ("loads", "waiting_weight")
+
+    def __init__(self, units: Iterable[UnitLoad], waiting_weight: float = VLLM_WAITING_WEIGHT) -> None:
+        self.loads: dict[int, list[int]] = {u.unit_id: [u.num_waiting, u.num_running] for u in units}
+        """Unit id -> [waiting, running], this decision's placements included."""
+        self.waiting_weight = waiting_weight
+
+    def place(self, candidates: Iterable[int]) -> int:
+        """The candidate with the lowest score, lowest id on ties; the placement is counted."""
+        loads, weight = self.loads, self.waiting_weight
+        unit = min(candidates, key=lambda k: (weight * loads[k][0] + loads[k][1], k))
+        loads[unit][0] += 1
+        return unit
+
+
 class LeastLoaded(DispatchPolicy):
     """Minimum of ``waiting_weight * waiting + running``."""
 
     name: ClassVar[str] = "least_loaded"
     summary: ClassVar[str] = "each request to the unit with the lowest 4*waiting + running (vLLM's DP LB score)"
     params_schema: ClassVar[tuple[ParamSpec, ...]] = (
-        ParamSpec("waiting_weight", "float", 4.0, "weight of a waiting request in the load score", min=0.0,
-                  max=1000.0),
+        ParamSpec("waiting_weight", "float", VLLM_WAITING_WEIGHT, "weight of a waiting request in the load score",
+                  min=0.0, max=1000.0),
     )
 
     def configure(self) -> None:
@@ -84,11 +107,6 @@ class LeastLoaded(DispatchPolicy):
         return tuple(self._least_loaded([h.request_id for h in handoffs], pool))
 
     def _least_loaded(self, request_ids: Sequence[str], units: Sequence[UnitLoad]) -> list[tuple[str, int]]:
-        loads = {u.unit_id: (u.num_waiting, u.num_running) for u in units if u.healthy}
-        out: list[tuple[str, int]] = []
-        for rid in request_ids:
-            unit = min(loads, key=lambda k: (self.waiting_weight * loads[k][0] + loads[k][1], k))
-            waiting, running = loads[unit]
-            loads[unit] = (waiting + 1, running)
-            out.append((rid, unit))
-        return out
+        scores = LoadScores((u for u in units if u.healthy), self.waiting_weight)
+        return [(rid, scores.place(scores.loads)) for rid in request_ids]
+

@@ -27,6 +27,7 @@ import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from policies.dispatch.baseline import LoadScores
 from policies.dispatch.cascade_model import QoeCoefficients
 from policies.dispatch.cascade_partition import LengthPair, refine_boundary
 from policies.types import PendingRequest, UnitLoad
@@ -80,14 +81,9 @@ class StageMap:
         waiting + running`` (vLLM's DP balancer's score, ``least_loaded``'s), counting this call's placements, then
         the lowest id; with ``by_memory`` to the least memory demand (:func:`demand_tokens`), then fewer requests."""
         if not by_memory:
-            score = {u: 4 * by_id[u].num_waiting + by_id[u].num_running for m in self.members for u in m}
-            placed: list[tuple[str, int]] = []
-            for req in pending:
-                members = self.members[self.stage_for_length(req.prompt_tokens)]
-                unit = min(members, key=lambda k: (score[k], k))
-                score[unit] += 4
-                placed.append((req.request_id, unit))
-            return tuple(placed)
+            scores = LoadScores(by_id[u] for m in self.members for u in m)
+            return tuple((req.request_id, scores.place(self.members[self.stage_for_length(req.prompt_tokens)]))
+                         for req in pending)
         demand = {u: demand_tokens(by_id[u]) for m in self.members for u in m}
         count = {u: by_id[u].num_running + by_id[u].num_waiting for u in demand}
         out: list[tuple[str, int]] = []
