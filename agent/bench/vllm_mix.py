@@ -108,10 +108,11 @@ async def _until(check: Any, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-async def measure_share(unit: VllmUnit, tokens: int, context: int, rho: float, seed: int) -> list[StepMessage]:
+async def measure_share(unit: VllmUnit, tokens: int, context: int, rho: float,
+                        seed: int) -> tuple[int, list[StepMessage]]:
     """One share on a running unit: the decodes prefilled at the full budget, the budget down to ``T``, the feeders
-    in, :data:`MEASURED_STEPS` exact steps (or what came in a minute), everything aborted. The steps after the
-    switch."""
+    in, :data:`MEASURED_STEPS` exact steps (or what came in a minute), everything aborted. ``D`` and the steps after
+    the switch."""
     from agent.runtime.vllm.cluster import VllmCluster
     from agent.runtime.vllm.requests import ClusterRequest
     from agent.workload.prompts import prompt_ids
@@ -126,29 +127,38 @@ async def measure_share(unit: VllmUnit, tokens: int, context: int, rho: float, s
     def submit(specs: list[RequestSpec]) -> None:
         for spec in specs:
             ids.append(spec.request_id)
-            cluster.submit(ClusterRequest(spec.request_id, prompt_ids(spec, VOCAB, seed), spec.output_tokens,
-                                          arrival_s=time.time()), collect=False)
+            cluster.submit(ClusterRequest(spec.request_id, prompt_ids(spec, VOCAB, seed), spec.output_tokens),
+                           collect=False)
 
+    def idle() -> bool:
+        load = unit.load()
+        return load.num_waiting + load.num_running == 0
+
+    start = len(unit.raw)  # where the steps at budget T begin (set again at the switch)
+    steps: list[StepMessage] = []
     try:
-        unit.send_control(SetPolicy(name="vllm", params={"max_num_batched_tokens": ENGINE_BUDGET}))
-        submit(decodes)
-        if d:
-            await _until(lambda: bool(unit.raw) and unit.raw[-1].num_decode_tokens == d, 600.0,
-                         f"{tag}: the decodes' prefill")
-        unit.send_control(SetPolicy(name="vllm", params={"max_num_batched_tokens": tokens}))
-        start = len(unit.raw)
-        submit(feeders)
-        await _until(lambda: len(exact_steps(unit.raw[start:], tokens, d)) >= MEASURED_STEPS, 60.0,
-                     f"{tag}: {MEASURED_STEPS} steps of exactly {d} decode and {tokens - d} prefill tokens")
-        return list(unit.raw[start:])
-    except TimeoutError as exc:
-        print(f"[mix] {exc}", flush=True)
-        return list(unit.raw[start:]) if "start" in locals() else []
+        try:
+            unit.send_control(SetPolicy(name="vllm", params={"max_num_batched_tokens": ENGINE_BUDGET}))
+            submit(decodes)
+            if d:
+                await _until(lambda: bool(unit.raw) and unit.raw[-1].num_decode_tokens == d, 600.0,
+                             f"{tag}: the decodes' prefill")
+            unit.send_control(SetPolicy(name="vllm", params={"max_num_batched_tokens": tokens}))
+            start = len(unit.raw)
+            submit(feeders)
+            await _until(lambda: len(exact_steps(unit.raw[start:], tokens, d)) >= MEASURED_STEPS, 60.0,
+                         f"{tag}: {MEASURED_STEPS} steps of exactly {d} decode and {tokens - d} prefill tokens")
+        except TimeoutError as exc:
+            print(f"[mix] {exc}", flush=True)
+        steps = list(unit.raw[start:])  # before the aborts' steps
     finally:
         for rid in ids:
             cluster.abort(rid)
-        await _until(lambda: unit.load().num_running + unit.load().num_waiting == 0, 120.0, f"{tag}: the aborts")
-        await cluster.close()
+        try:
+            await _until(idle, 120.0, f"{tag}: the aborts")
+        finally:
+            await cluster.close()
+    return d, steps
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,8 +180,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if round(rho * tokens) > MAX_SEQS:
                     continue
                 t = time.time()
-                steps = await measure_share(unit, tokens, context, rho, next(SEEDS))
-                d = min(round(rho * tokens), MAX_SEQS)
+                d, steps = await measure_share(unit, tokens, context, rho, next(SEEDS))
                 row = summarize(exact_steps(steps, tokens, d), tokens, d, coefs, kappa)
                 row.update(tokens=tokens, context=context, rho=rho, wall_s=round(time.time() - t, 1))
                 out["cells"].append(row)
