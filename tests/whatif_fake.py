@@ -7,7 +7,9 @@ lines and JSON result, with fixed numbers, so the console's tests do not depend 
 ``MODE`` takes the place of ``whatif``: ``switch`` (recommends the best candidate), ``keep`` (recommends keeping the
 policy that ran), ``error`` (a warning, then ``trackside whatif: error: ...``, exit 2), ``hang`` (one progress line,
 then waits to be killed). It checks what it was given as the real one would (the store opens read-only and holds only
-the node's rows, the times have a zone) and, with ``WHATIF_FAKE_LOG`` set, writes what it saw there as JSON.
+the node's rows, the times have a zone) and, with ``WHATIF_FAKE_LOG`` set, writes what it saw there as JSON. With
+``WHATIF_FAKE_GATE`` set to a path, it waits (up to 60 s) for that file before its first run, so a test can look at
+the console while the child is certainly still running, however slow the machine.
 The tests import :func:`result_document` for results of their own.
 """
 
@@ -156,6 +158,10 @@ def main(argv: Sequence[str]) -> int:
         progress(1, total, f"{ran} + {dispatch}")
         time.sleep(120)
         return 0
+    if gate := os.environ.get("WHATIF_FAKE_GATE"):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
     for done, name in enumerate([ran, *candidates], start=1):
         time.sleep(0.01)
         progress(done, total, f"{name} + {dispatch}")

@@ -103,7 +103,12 @@ async def finished(pilot: Pilot[int], screen: WhatIfScreen) -> None:
 
 
 # -- run, progress, the table ----------------------------------------------------------------------------------------
-def test_a_run_copies_the_window_shows_progress_and_the_ranked_table(store: Path, fake_log: Path) -> None:
+def test_a_run_copies_the_window_shows_progress_and_the_ranked_table(
+    store: Path, fake_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("WHATIF_FAKE_GATE", str(gate))  # the child waits for it: "one at a time" is checked mid-run
+
     async def go() -> None:
         app = replay_app(store)
         async with app.run_test(size=(120, 36)) as pilot:
@@ -116,6 +121,7 @@ def test_a_run_copies_the_window_shows_progress_and_the_ranked_table(store: Path
             assert "(10m), up to the replay's cursor" in window, window
             await pilot.press("r")
             assert screen.job is not None and screen.check_action("run", ()) is None, "one at a time"
+            gate.touch()
             await finished(pilot, screen)
             assert screen.result is not None, screen.error
             total = 1 + len(names)
