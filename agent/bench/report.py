@@ -168,11 +168,19 @@ class ClusterStats:
     * Balance: after every step the unit's KV tokens and batch size (running requests) are its current
       values; the spread across units is their standard deviation (SBS paper, 5.2.2: the +-1 sigma band of KV
       load across DP units), averaged over time (each value weighted by how long it held).
-    * Prefill chunk utilization (SBS paper, 5.2.1): over steps that carry prefill work, tokens in the step
-      over the chunk capacity (``max_num_batched_tokens``).
+    * Prefill chunk utilization: over steps that carry prefill work, tokens in the step over the chunk capacity
+      (``max_num_batched_tokens``).
+    * Pass chunk utilization, with lockstep ``groups`` (seed 000's metric, 5.2.1: "the percentage of theoretical
+      token capacity utilized per forward pass" of a DP+EP instance): over the passes that carry prefill work,
+      the tokens of every member over the group's size times the chunk. A member with nothing to do in the pass
+      still takes part in it (a DP+EP pass runs every DP unit, idle ones on a dummy batch), so it counts as empty
+      capacity, where the per-step figure above leaves it out.
     """
 
-    def __init__(self, num_units: int, block_size: int, balanced: Iterable[int] | None = None) -> None:
+    def __init__(
+        self, num_units: int, block_size: int, balanced: Iterable[int] | None = None,
+        groups: Sequence[Sequence[int]] = (),
+    ) -> None:
         self.block_size = block_size
         self._members = set(range(num_units) if balanced is None else balanced)
         """Units whose spread is measured (a disaggregated cluster: the decode pool, where KV lives)."""
@@ -185,6 +193,14 @@ class ClusterStats:
         self._t_first: float | None = None
         self.prefill_steps = 0
         self.prefill_step_tokens = 0
+        self._group_of = {u: g for g, members in enumerate(groups) for u in members}
+        self._group_sizes = [len(members) for members in groups]
+        self._passes: list[list[float]] = [[-1.0, 0.0, 0.0] for _ in groups]
+        """Per group, the pass being added up: its start, its tokens, whether it carries prefill (its members'
+        records come in together at its end)."""
+        self.pass_slots = 0
+        """Prefill-carrying passes times their group's size."""
+        self.pass_tokens = 0
         self.migrations: dict[str, int] = {}
         self.mechanisms: dict[str, int] = {}
         self.flow_controlled: set[str] = set()
@@ -201,6 +217,14 @@ class ClusterStats:
             self.prefill_steps += 1
             self.prefill_step_tokens += prefill + rec.num_decode_tokens
         u = rec.unit_id
+        g = self._group_of.get(u)
+        if g is not None:
+            current = self._passes[g]
+            if current[0] != rec.start_s:
+                self._close_pass(g)
+                current[0] = rec.start_s
+            current[1] += prefill + rec.num_decode_tokens
+            current[2] = current[2] or float(prefill > 0)
         if u not in self._members:
             return
         t = rec.start_s + rec.duration_s
@@ -224,6 +248,13 @@ class ClusterStats:
         sums[3] += batch * batch - old_b * old_b
         self._kv[u], self._batch[u] = kv, batch
 
+    def _close_pass(self, g: int) -> None:
+        current = self._passes[g]
+        if current[2]:
+            self.pass_slots += self._group_sizes[g]
+            self.pass_tokens += int(current[1])
+        current[:] = [-1.0, 0.0, 0.0]
+
     def add_decision(self, now_s: float, decision: DispatchDecision) -> None:
         if decision.flow_control:
             self.flow_control_events += 1
@@ -239,10 +270,14 @@ class ClusterStats:
     def as_dict(self, *, max_num_batched_tokens: int) -> dict[str, Any]:
         span = (self._t_last or 0.0) - (self._t_first or 0.0)
         cap = self.prefill_steps * max_num_batched_tokens
+        for g in range(len(self._passes)):
+            self._close_pass(g)
+        pass_cap = self.pass_slots * max_num_batched_tokens
         return {
             "kv_tokens_std": self._area[0] / span if span > 0 else 0.0,
             "batch_size_std": self._area[1] / span if span > 0 else 0.0,
             "prefill_chunk_utilization": self.prefill_step_tokens / cap if cap else None,
+            "pass_chunk_utilization": self.pass_tokens / pass_cap if pass_cap else None,
             "migrations": sum(self.migrations.values()),
             "migrations_by_reason": dict(sorted(self.migrations.items())),
             "migrations_by_mechanism": dict(sorted(self.mechanisms.items())),

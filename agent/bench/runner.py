@@ -82,6 +82,9 @@ class BenchConfig:
     instance_size: int = 0
     """Seed 000's instances: consecutive groups of this many units step in lockstep, each group on its own (out of
     phase with the others); 0: none (every unit on its own, or all together with ``lockstep``)."""
+    pass_sync_ms: float = 0.0
+    """Added to every lockstep pass (``lockstep`` or ``instance_size``): a DP+EP pass's all-to-all and barrier
+    (``Node.pass_sync_s``); 0: none, as on a dense model."""
     migration: str = "live"
     kv_bandwidth_gb_s: float = 50.0
     faults: tuple[Fault, ...] = ()
@@ -117,6 +120,15 @@ class BenchConfig:
                                  "divides both")
         return groups
 
+    def pass_groups(self) -> list[list[int]]:
+        """The unit ids of each group that steps in lockstep (every unit with ``lockstep``); empty for none."""
+        if self.pass_sync_ms < 0:
+            raise ValueError(f"pass sync {self.pass_sync_ms} ms: must be >= 0")
+        groups = self.lockstep_groups() or ([list(range(self.units))] if self.lockstep else [])
+        if self.pass_sync_ms and not groups:
+            raise ValueError("a pass sync cost needs passes: give lockstep or an instance size")
+        return groups
+
     def describe(self) -> dict[str, Any]:
         return {
             "profile": self.profile, "units": self.units, "batch_policy": self.batch_policy,
@@ -127,7 +139,7 @@ class BenchConfig:
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "topology": self.topology,
             "prefill_units": self.prefill_units, "lockstep": self.lockstep,
-            "instance_size": self.instance_size, "migration": self.migration,
+            "instance_size": self.instance_size, "pass_sync_ms": self.pass_sync_ms, "migration": self.migration,
             "kv_bandwidth_gb_s": self.kv_bandwidth_gb_s,
             "faults": [{"unit": f.unit_id, "at_s": f.at_s, "down_s": f.down_s} for f in self.faults],
         }
@@ -275,6 +287,7 @@ def build_node(
         tpot_slo_s=config.tpot_slo_ms / 1e3,
         lockstep=config.lockstep,
         lockstep_groups=config.lockstep_groups(),
+        pass_sync_s=config.pass_sync_ms / 1e3,
         migration=link,
         **hooks,
     )
@@ -299,7 +312,8 @@ def run_once(
     runnable = [r for r in requests if r.prompt_tokens < profile.max_model_len]
     stats = [UnitStats(k) for k in range(config.units)]
     roles = config.roles()
-    cluster = ClusterStats(config.units, profile.block_size, [k for k, r in enumerate(roles) if r != "prefill"])
+    cluster = ClusterStats(config.units, profile.block_size, [k for k, r in enumerate(roles) if r != "prefill"],
+                           config.pass_groups())
 
     def record(rec: StepRecord) -> None:
         stats[rec.unit_id].add(rec)

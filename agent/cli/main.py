@@ -160,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
         "phase with each other (default 0: none)",
     )
     bench.add_argument(
+        "--pass-sync-ms", type=float, default=0.0, metavar="MS",
+        help="with --lockstep or --instance-size: a synchronisation cost added to every lockstep pass, however "
+        "full (a DP+EP pass's all-to-all and barrier; default 0, as on a dense model)",
+    )
+    bench.add_argument(
         "--migration", choices=("live", "recompute"), default="live",
         help="how a moved request's KV travels: live copy over the link (default) or recompute on the target",
     )
@@ -273,12 +278,12 @@ def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
         online_fit=not args.no_online_fit, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.kv_blocks,
         topology=args.topology, prefill_units=args.prefill_units, lockstep=args.lockstep,
-        instance_size=args.instance_size, migration=args.migration,
+        instance_size=args.instance_size, pass_sync_ms=args.pass_sync_ms, migration=args.migration,
         kv_bandwidth_gb_s=args.kv_bandwidth_gb_s, faults=tuple(_faults(args.fault)),
     )
     try:
         base.roles()
-        base.lockstep_groups()
+        base.pass_groups()
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if args.kv_bandwidth_gb_s <= 0:

@@ -147,28 +147,34 @@ def render_units(console: Console, result: RunResult) -> None:
 
 
 def render_cluster(console: Console, results: Sequence[RunResult]) -> None:
-    """Per run: balance across units, prefill chunk use, and what the dispatcher moved or held back."""
+    """Per run: balance across units, prefill chunk use (per lockstep pass too, with lockstep), and what the dispatcher
+    moved or held back."""
     many_scales = len({r.config.time_scale for r in results}) > 1
+    passes = any(r.cluster.get("pass_chunk_utilization") is not None for r in results)
     table = Table(title="Cluster", title_justify="left", **_COMPACT)
-    for col in ("run", "KV std tok", "batch std", "chunk use", "migrations", "flow ctl", "faults", "stages"):
+    columns = ("run", "KV std tok", "batch std", "chunk use", *(("pass use",) if passes else ()), "migrations",
+               "flow ctl", "faults", "stages")
+    for col in columns:
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
     for r in results:
         c = r.cluster
-        util = c.get("prefill_chunk_utilization")
         moves = c.get("migrations", 0)
         stages = c.get("stage_boundaries") or []
+        uses = [c.get("prefill_chunk_utilization"), *((c.get("pass_chunk_utilization"),) if passes else ())]
         table.add_row(
             _run_label(r, many_scales), _count(round(c.get("kv_tokens_std", 0.0))),
             f"{c.get('batch_size_std', 0.0):.1f}",
-            "-" if util is None else f"{100 * util:.0f}%", f"{moves:,}",
+            *("-" if util is None else f"{100 * util:.0f}%" for util in uses), f"{moves:,}",
             f"{c.get('flow_controlled_requests', 0):,}", str(c.get("faults", 0)),
             str(len(stages)) if stages else "-",
         )
     table.caption = (
         "std: spread across units over time (KV tokens, running requests; decode pool when disaggregated); "
-        "chunk use: tokens per prefill-carrying step over the chunk capacity; migrations: moves between units "
-        "(JSON: by reason); flow ctl: requests held past the dispatcher's wait limit; stages: stage boundary changes "
-        "(JSON: each change)"
+        "chunk use: tokens per prefill-carrying step over the chunk capacity; "
+        + ("pass use: the same per lockstep pass over every member's chunk (seed 000's metric: idle members count "
+           "empty); " if passes else "")
+        + "migrations: moves between units (JSON: by reason); flow ctl: requests held past the dispatcher's wait "
+        "limit; stages: stage boundary changes (JSON: each change)"
     )
     console.print(table)
 

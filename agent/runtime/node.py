@@ -81,6 +81,7 @@ class Node:
         on_migrate: MigrateHook | None = None,
         lockstep: bool = False,
         lockstep_groups: Sequence[Sequence[int]] | None = None,
+        pass_sync_s: float = 0.0,
         migration: MigrationConfig | None = None,
         pending_timeout_s: float | None = None,
         keep_finished: bool = True,
@@ -98,6 +99,11 @@ class Node:
         self.lockstep_groups = self._lockstep_groups(lockstep, lockstep_groups)
         """Unit ids of each lockstep group (an instance); empty without lockstep."""
         self.lockstep = bool(self.lockstep_groups)
+        if pass_sync_s < 0 or (pass_sync_s and not self.lockstep):
+            raise ValueError("pass_sync_s is a lockstep pass's synchronisation cost: >= 0, and only with lockstep")
+        self.pass_sync_s = pass_sync_s
+        """Added to every lockstep pass (a DP+EP pass's all-to-all and barrier): it ends at the slowest member's step
+        end plus this, however full the pass (issue #19, item 7); 0 by default."""
         self._group_of = [-1] * len(self.units)
         """Per unit index: its lockstep group, -1 for none."""
         self._group_indices = [sorted(self._index[u] for u in members) for members in self.lockstep_groups]
@@ -326,7 +332,7 @@ class Node:
             self._step_end_seq[index] = self._push(self.now_s + duration, _STEP_END, index)
 
     def _start_lockstep(self, g: int) -> None:
-        """Every unit of group ``g`` that can step starts now; the step ends when the slowest one does."""
+        """Every unit of group ``g`` that can step starts now; the pass ends at the slowest end plus the sync."""
         durations: dict[int, float] = {}
         for index in self._group_indices[g]:
             unit = self.units[index]
@@ -336,7 +342,7 @@ class Node:
                     durations[index] = d
         if durations:
             self._lock_members[g] = sorted(durations)
-            self._lock_seq[g] = self._push(self.now_s + max(durations.values()), _STEP_END, -1 - g)
+            self._lock_seq[g] = self._push(self.now_s + max(durations.values()) + self.pass_sync_s, _STEP_END, -1 - g)
 
     def _on_lockstep_end(self, g: int) -> None:
         """Every member's step ends at once: all their reports are in before the dispatcher is asked."""

@@ -40,30 +40,70 @@ DISPATCHES = (("least_loaded", "least_loaded", {}), ("sbs", "sbs", {}), ("sbs fc
 """Label, dispatch policy, parameters: ``sbs fcfs`` water-fills in arrival order instead of longest first."""
 
 
+def cells(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """Each shape with each pass sync cost (free-running units have no passes: 0 only)."""
+    return [(shape, sync) for shape in args.shapes for sync in (args.pass_sync_ms if shape != "free" else [0.0])]
+
+
+def base_config(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(units=args.units, topology="disaggregated", prefill_units=args.prefill_units,
+                       ttft_slo_ms=2000.0, tpot_slo_ms=50.0, batch_policy="vllm", max_num_batched_tokens=args.chunk)
+
+
+def measure(config: BenchConfig, workload: Any) -> dict[str, Any]:
+    started = time.perf_counter()
+    r = run_once(config, workload)
+    s = r.summary
+    return {
+        "scale": config.time_scale, "offered_rps": round(r.offered_rps, 2),
+        "ttft_mean_ms": round(s["ttft_ms"]["mean"], 1), "ttft_p99_ms": round(s["ttft_ms"]["p99"], 1),
+        "slo_attainment": round(s["slo_attainment"], 4), "prompt_tok_s": round(s["input_tokens_per_s"], 1),
+        "chunk_utilization": r.cluster.get("prefill_chunk_utilization"),
+        "pass_chunk_utilization": r.cluster.get("pass_chunk_utilization"),
+        "flow_controlled": r.cluster.get("flow_controlled_requests", 0),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     workload = load_trace(str(ROOT / "examples" / "traces" / "azure_code_2023.csv"), limit=args.limit)
-    base = BenchConfig(units=args.units, topology="disaggregated", prefill_units=args.prefill_units,
-                       ttft_slo_ms=2000.0, tpot_slo_ms=50.0, batch_policy="vllm",
-                       max_num_batched_tokens=args.chunk)
+    base = base_config(args)
     rows = []
     for scale in args.scales:
-        for shape in SHAPES:
+        for shape, sync_ms in cells(args):
             for dispatch, policy, params in DISPATCHES:
                 config = replace(_shape(base, shape, args.instance_size), dispatch=policy, params=params,
-                                 time_scale=scale)
-                started = time.perf_counter()
-                r = run_once(config, workload)
-                s = r.summary
-                rows.append({
-                    "scale": scale, "offered_rps": round(r.offered_rps, 2), "shape": shape, "dispatch": dispatch,
-                    "ttft_mean_ms": round(s["ttft_ms"]["mean"], 1), "ttft_p99_ms": round(s["ttft_ms"]["p99"], 1),
-                    "slo_attainment": round(s["slo_attainment"], 4),
-                    "prompt_tok_s": round(s["input_tokens_per_s"], 1),
-                    "chunk_utilization": r.cluster.get("prefill_chunk_utilization"),
-                    "flow_controlled": r.cluster.get("flow_controlled_requests", 0),
-                    "wall_s": round(time.perf_counter() - started, 1),
-                })
+                                 time_scale=scale, pass_sync_ms=sync_ms)
+                rows.append({"shape": shape, "pass_sync_ms": sync_ms, "dispatch": dispatch,
+                             **measure(config, workload)})
                 print(_line(rows[-1]), flush=True)
+    return rows
+
+
+def capacity(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Seed 000's Table 1: each dispatcher's highest load whose mean TTFT stays within ``--capacity`` ms (the arrival
+    time scale bisected ``--steps`` times between ``--scales``' largest and smallest), with the chunk use there."""
+    workload = load_trace(str(ROOT / "examples" / "traces" / "azure_code_2023.csv"), limit=args.limit)
+    base = base_config(args)
+    rows = []
+    for shape, sync_ms in cells(args):
+        for dispatch, policy, params in DISPATCHES:
+            config = replace(_shape(base, shape, args.instance_size), dispatch=policy, params=params,
+                             pass_sync_ms=sync_ms)
+            slow, fast = max(args.scales), min(args.scales)  # a larger scale spreads arrivals: a lighter load
+            best = None
+            for _ in range(args.steps):
+                mid = (slow * fast) ** 0.5
+                row = measure(replace(config, time_scale=mid), workload)
+                if row["ttft_mean_ms"] <= args.capacity:
+                    best, slow = row, mid
+                else:
+                    fast = mid
+            if best is None:
+                best = measure(replace(config, time_scale=max(args.scales)), workload)
+                best["within_limit"] = best["ttft_mean_ms"] <= args.capacity
+            rows.append({"shape": shape, "pass_sync_ms": sync_ms, "dispatch": dispatch, **best})
+            print(_line(rows[-1]), flush=True)
     return rows
 
 
@@ -76,11 +116,13 @@ def _shape(base: BenchConfig, shape: str, size: int) -> BenchConfig:
 
 
 def _line(r: dict[str, Any]) -> str:
-    cu = r["chunk_utilization"]
-    return (f"x{r['scale']:<5g} {r['offered_rps']:6.2f}/s {r['shape']:9s} {r['dispatch']:12s} "
+    cu, pu = r["chunk_utilization"], r["pass_chunk_utilization"]
+    return (f"x{r['scale']:<7.4g} {r['offered_rps']:6.2f}/s {r['shape']:9s} sync {r['pass_sync_ms']:g} ms "
+            f"{r['dispatch']:12s} "
             f"TTFT mean {r['ttft_mean_ms']:8.1f} p99 {r['ttft_p99_ms']:8.1f} ms  "
             f"SLO {100 * r['slo_attainment']:5.1f}%  "
             f"prompt {r['prompt_tok_s']:9.1f} tok/s  chunk {100 * cu if cu is not None else float('nan'):5.1f}%  "
+            f"pass {100 * pu if pu is not None else float('nan'):5.1f}%  "
             f"({r['wall_s']} s)")
 
 
@@ -92,9 +134,18 @@ def main() -> int:
     ap.add_argument("--instance-size", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=3072, help="max_num_batched_tokens (the paper's 3K by default)")
     ap.add_argument("--scales", type=lambda t: [float(x) for x in t.split(",")], default=[0.2, 0.1, 0.07, 0.05])
+    ap.add_argument("--shapes", type=lambda t: t.split(","), default=list(SHAPES),
+                    help=f"which of {','.join(SHAPES)} to run (default all)")
+    ap.add_argument("--pass-sync-ms", type=lambda t: [float(x) for x in t.split(",")], default=[0.0],
+                    help="synchronisation costs added to every lockstep pass, each run in turn (default 0; "
+                    "bench --pass-sync-ms)")
+    ap.add_argument("--capacity", type=float, metavar="MS",
+                    help="instead of the fixed scales: each dispatcher's highest load at a mean TTFT within MS (seed "
+                    "000's Table 1: 800 at the 3K chunk, 1000 at 5K), bisected between the largest and smallest scale")
+    ap.add_argument("--steps", type=int, default=8, help="bisection steps for --capacity (default 8)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    rows = run(args)
+    rows = capacity(args) if args.capacity else run(args)
     if args.json:
         args.json.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k != "json"},
                                          "rows": rows}, indent=1) + "\n")

@@ -59,6 +59,23 @@ def test_cluster_stats_spread_ignores_units_outside_the_pool() -> None:
     assert c.as_dict(max_num_batched_tokens=10)["kv_tokens_std"] == pytest.approx(5.0)
 
 
+def test_pass_chunk_use_counts_every_member_of_a_lockstep_pass() -> None:
+    from agent.bench.report import ClusterStats
+
+    # Group {0, 1} (a DP+EP instance) and unit 2 on its own; a 100-token chunk.
+    c = ClusterStats(3, block_size=1, groups=[[0, 1]])
+    c.add(_rec(0, 1.0, 1, 1, prefill=80, decode=0))  # pass at 0 s: unit 0 alone (unit 1 idle, a dummy batch)
+    c.add(_rec(2, 1.0, 1, 1, prefill=50, decode=0))  # not in a group: in the per-step figure only
+    c.add(_rec(0, 2.0, 1, 1, prefill=0, decode=3))  # pass at 1 s: decodes only, not a prefill pass
+    c.add(_rec(1, 2.0, 1, 1, prefill=0, decode=2))
+    c.add(_rec(0, 3.0, 1, 1, prefill=60, decode=0))  # pass at 2 s: both members
+    c.add(_rec(1, 3.0, 1, 1, prefill=30, decode=10))
+    d = c.as_dict(max_num_batched_tokens=100)
+    assert d["prefill_chunk_utilization"] == pytest.approx((80 + 50 + 60 + 40) / 400)
+    assert d["pass_chunk_utilization"] == pytest.approx((80 + 100) / 400), "two prefill passes of two members"
+    assert ClusterStats(2, block_size=1).as_dict(max_num_batched_tokens=100)["pass_chunk_utilization"] is None
+
+
 def _outcome(rid: str, ttft_s: float, tokens: int, mean_s: float, worst_s: float | None, prompt: int = 100):
     from agent.engine.base import RequestOutcome
 

@@ -203,6 +203,28 @@ def test_instances_step_in_lockstep_inside_and_a_bad_size_is_refused(tmp_path: P
     assert proc.returncode == 2 and "not both" in proc.stderr
 
 
+def test_a_pass_sync_cost_slows_lockstep_passes_and_needs_them(tmp_path: Path) -> None:
+    runs = {}
+    for sync in ("0", "20"):
+        out = tmp_path / f"sync{sync}.json"
+        code = main(["bench", "--trace", str(SMALL_AZURE), "--limit", "60", "--units", "4", "--instance-size", "2",
+                     "--pass-sync-ms", sync, "--no-progress", "--json", str(out)])
+        assert code == 0
+        runs[sync] = json.loads(out.read_text())
+    assert runs["20"]["config"]["pass_sync_ms"] == 20.0
+    steps = {k: sum(u["steps"] for u in r["units"]) for k, r in runs.items()}
+    busy = {k: sum(u["mean_step_ms"] * u["steps"] for u in r["units"]) / steps[k] for k, r in runs.items()}
+    assert busy["20"] > busy["0"] + 15, busy  # every step of a unit is a pass of its instance: 20 ms longer
+    for r in runs.values():
+        util = r["cluster"]["pass_chunk_utilization"]
+        assert util is not None and 0 < util <= r["cluster"]["prefill_chunk_utilization"]
+    proc = run_cli("bench", "--trace", str(SMALL_AZURE), "--limit", "20", "--pass-sync-ms", "5", "--no-progress")
+    assert proc.returncode == 2 and "needs passes" in proc.stderr
+    proc = run_cli("bench", "--trace", str(SMALL_AZURE), "--limit", "20", "--lockstep", "--pass-sync-ms", "-1",
+                   "--no-progress")
+    assert proc.returncode == 2 and ">= 0" in proc.stderr
+
+
 def test_the_tpot_metric_picks_what_percentiles_and_attainment_use(tmp_path: Path) -> None:
     # One unit under vLLM's default schedule: prefills stall decodes, more so just after a request's first token.
     summaries = {}

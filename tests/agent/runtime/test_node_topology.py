@@ -78,6 +78,25 @@ def test_lockstep_steps_start_together_and_last_as_long_as_the_slowest() -> None
     assert starts1[: len(starts0)] == starts0[: len(starts1)]
 
 
+def test_a_pass_sync_cost_lengthens_every_lockstep_pass_and_its_tokens_come_out_at_its_end() -> None:
+    # The same two units as above with a 0.5 s synchronisation cost per pass (a DP+EP pass's all-to-all):
+    # the first pass ends at 2.5 s, the decode-only passes after it last 1.001 + 0.5 s.
+    cost = StepCoefficients(1.0, 1e-3, 0.0)
+    units = [make_unit(0, cost=cost), make_unit(1, cost=cost)]
+    node, steps, done, _ = _node(units, requests([(1000, 2), (1, 3)]), make_dispatch_policy("round_robin"),
+                                 lockstep=True, pass_sync_s=0.5)
+    node.run()
+    first = [r for r in steps if r.start_s == 0.0]
+    assert len(first) == 2 and all(r.duration_s == pytest.approx(2.5) for r in first)
+    starts = sorted({r.start_s for r in steps})
+    assert starts[:3] == [0.0, pytest.approx(2.5), pytest.approx(4.001)]
+    assert [o.first_token_s for o in done] == [pytest.approx(2.5)] * 2, "first tokens at the pass's end"
+    rr = make_dispatch_policy("round_robin")
+    for kw, match in (({"pass_sync_s": 0.5}, "only with lockstep"), ({"pass_sync_s": -1.0, "lockstep": True}, ">= 0")):
+        with pytest.raises(ValueError, match=match):
+            Node([make_unit(0)], rr, [], ttft_slo_s=1.0, tpot_slo_s=1.0, **kw)
+
+
 def test_lockstep_a_unit_given_work_during_a_step_joins_the_next_one() -> None:
     # Found by the property test below: unit 1 is idle when the step starts, gets a request during it, and
     # must start with everyone at the step's end (not wait for a step of its own that nobody schedules).
