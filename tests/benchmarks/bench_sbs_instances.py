@@ -1,7 +1,9 @@
 """SBS in seed 000's topology: instances of DP units in lockstep, out of phase, P/D-separated (issue #19, item 7).
 
     python tests/benchmarks/bench_sbs_instances.py [--limit 2000] [--units 8] [--prefill-units 4]
-        [--instance-size 2] [--chunk 3072] [--scales 0.2,0.1,0.07,0.05] [--json out.json]
+        [--instance-size 2] [--chunk 3072] [--scales 0.2,0.1,0.07,0.05] [--shapes free,instances,lockstep]
+        [--dispatches least_loaded,sbs,sbs fcfs,round_robin] [--pass-sync-ms 0,10,20] [--capacity MS [--steps 8]]
+        [--json out.json]
 
 Seed 000 runs prefill and decode on separate instances, each instance several DP units stepping in lockstep
 (DP+EP), the instances out of phase, and dispatches new requests to the prefill instances. Its claims there,
@@ -14,9 +16,13 @@ each request with its KV to the decode pool), vLLM's default batch policy, ``--c
 paper's 3K), SLO 2,000 / 50 ms (worst per-token TPOT). Three shapes of the units: ``free`` (every unit steps on
 its own), ``instances`` (consecutive groups of ``--instance-size`` units in lockstep: ``bench --instance-size``)
 and ``lockstep`` (every unit in one group), each with ``least_loaded`` (vLLM's balancer: immediate dispatch),
-``sbs``, and ``sbs`` with ``fill_order=fcfs``, at each arrival time scale. Per run: mean and p99 TTFT, SLO
-attainment, prompt tokens per second (prefill throughput), and the prefill chunk utilisation (tokens per
-prefill-carrying step over the chunk capacity). Prints a table; asserts nothing.
+``sbs``, and ``sbs`` with ``fill_order=fcfs`` (``round_robin`` on request), at each arrival time scale, and with
+each ``--pass-sync-ms`` (a synchronisation cost added to every lockstep pass: ``bench --pass-sync-ms``). Per run:
+mean and p99 TTFT, SLO attainment, prompt tokens per second (prefill throughput), the prefill chunk utilisation
+(tokens per prefill-carrying step over the chunk capacity) and seed 000's own (per lockstep pass, every member of
+the instance counted). With ``--capacity MS``, instead of fixed scales, each dispatcher's highest load whose mean
+TTFT stays within MS, as seed 000's Table 1 measures (800 ms at the 3K chunk, 1,000 ms at 5K). Prints a table;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -36,13 +42,21 @@ from agent.bench.runner import BenchConfig, run_once  # noqa: E402
 from agent.workload.traces import load_trace  # noqa: E402
 
 SHAPES = ("free", "instances", "lockstep")
-DISPATCHES = (("least_loaded", "least_loaded", {}), ("sbs", "sbs", {}), ("sbs fcfs", "sbs", {"sbs.fill_order": "fcfs"}))
+DISPATCHES = (("least_loaded", "least_loaded", {}), ("sbs", "sbs", {}), ("sbs fcfs", "sbs", {"sbs.fill_order": "fcfs"}),
+              ("round_robin", "round_robin", {}))
 """Label, dispatch policy, parameters: ``sbs fcfs`` water-fills in arrival order instead of longest first."""
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, float]]:
     """Each shape with each pass sync cost (free-running units have no passes: 0 only)."""
     return [(shape, sync) for shape in args.shapes for sync in (args.pass_sync_ms if shape != "free" else [0.0])]
+
+
+def dispatches(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str]]]:
+    unknown = set(args.dispatches) - {label for label, _, _ in DISPATCHES}
+    if unknown:
+        raise SystemExit(f"unknown dispatch {sorted(unknown)[0]!r}: choose from {[d[0] for d in DISPATCHES]}")
+    return [d for d in DISPATCHES if d[0] in args.dispatches]
 
 
 def base_config(args: argparse.Namespace) -> BenchConfig:
@@ -71,7 +85,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for scale in args.scales:
         for shape, sync_ms in cells(args):
-            for dispatch, policy, params in DISPATCHES:
+            for dispatch, policy, params in dispatches(args):
                 config = replace(_shape(base, shape, args.instance_size), dispatch=policy, params=params,
                                  time_scale=scale, pass_sync_ms=sync_ms)
                 rows.append({"shape": shape, "pass_sync_ms": sync_ms, "dispatch": dispatch,
@@ -87,7 +101,7 @@ def capacity(args: argparse.Namespace) -> list[dict[str, Any]]:
     base = base_config(args)
     rows = []
     for shape, sync_ms in cells(args):
-        for dispatch, policy, params in DISPATCHES:
+        for dispatch, policy, params in dispatches(args):
             config = replace(_shape(base, shape, args.instance_size), dispatch=policy, params=params,
                              pass_sync_ms=sync_ms)
             slow, fast = max(args.scales), min(args.scales)  # a larger scale spreads arrivals: a lighter load
@@ -136,6 +150,8 @@ def main() -> int:
     ap.add_argument("--scales", type=lambda t: [float(x) for x in t.split(",")], default=[0.2, 0.1, 0.07, 0.05])
     ap.add_argument("--shapes", type=lambda t: t.split(","), default=list(SHAPES),
                     help=f"which of {','.join(SHAPES)} to run (default all)")
+    ap.add_argument("--dispatches", type=lambda t: t.split(","), default=[d[0] for d in DISPATCHES[:3]],
+                    help=f"which of {','.join(d[0] for d in DISPATCHES)} to run (default the first three)")
     ap.add_argument("--pass-sync-ms", type=lambda t: [float(x) for x in t.split(",")], default=[0.0],
                     help="synchronisation costs added to every lockstep pass, each run in turn (default 0; "
                     "bench --pass-sync-ms)")
