@@ -71,6 +71,9 @@ class BenchConfig:
     time_scale: float = 1.0
     noise: bool = False
     heterogeneity: bool = False
+    interference_on: str = "step"
+    """What the profile's mixed-batch interference slows: ``step`` (the whole step, its ``interference_kappa``) or
+    ``attention`` (the context term only, its ``interference_kappa_attention``; ``agent.engine.timing``)."""
     online_fit: bool = True
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -135,7 +138,8 @@ class BenchConfig:
             "dispatch": self.dispatch, "params": dict(self.params), "slo_ttft_ms": self.ttft_slo_ms,
             "slo_tpot_ms": self.tpot_slo_ms, "tpot_metric": self.tpot_metric, "seed": self.seed,
             "time_scale": self.time_scale,
-            "noise": self.noise, "heterogeneity": self.heterogeneity, "online_fit": self.online_fit,
+            "noise": self.noise, "heterogeneity": self.heterogeneity, "interference_on": self.interference_on,
+            "online_fit": self.online_fit,
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "topology": self.topology,
             "prefill_units": self.prefill_units, "lockstep": self.lockstep,
@@ -237,7 +241,9 @@ def build_units(
             seed=config.seed * 1000 + k,
             loop_overhead_s=profile.loop_overhead_s,
             loop_overhead_per_request_s=profile.loop_overhead_per_request_s,
-            interference_kappa=profile.interference_kappa,
+            interference_kappa=(profile.interference_kappa if config.interference_on == "step"
+                                else profile.interference_kappa_attention),
+            interference_on=config.interference_on,
         )
         # Forgetting 0.99 tracked the held-out ShareGPT-like steps better than 0.999 or a fixed model on
         # all four profiles (mean error before each update: 8B 7.2%, eager 13.8%, 1B 20.9%, shared 18.8%).

@@ -45,6 +45,7 @@ from agent.cli.serve import HANDLED_ERRORS, SERVE_COMMANDS, add_serve_commands, 
 from agent.cli.tuning import DEFAULT_GRID_TEXT, TuningError, run_label, run_tuning, tuning_grid
 from agent.cli.whatif import WHATIF_COMMANDS, add_whatif_commands
 from agent.engine.profiles import UnknownProfileError, fit_report, list_profiles, load_profile
+from agent.engine.timing import INTERFERENCE_ON
 from agent.telemetry import DEFAULT_TPOT_METRIC, TPOT_METRICS
 from agent.workload.spec import describe_presets, parse_workload
 from agent.workload.traces import load_trace
@@ -144,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-num-seqs", type=int, help="override the profile's max_num_seqs")
     bench.add_argument("--max-num-batched-tokens", type=int, help="override the profile's token budget cap")
     bench.add_argument("--kv-blocks", type=int, help="override the profile's KV capacity (blocks)")
+    bench.add_argument(
+        "--interference-on", choices=INTERFERENCE_ON, default="step",
+        help="what the profile's mixed-batch interference slows: the whole step (default, kappa) or the "
+        "attention (context) term only (kappa_attention: seed 002's kernel breakdown; docs/simulator.md)",
+    )
     bench.add_argument(
         "--topology", choices=TOPOLOGIES, default="colocated",
         help="colocated: every unit prefills and decodes (default); disaggregated: prefill units hand requests "
@@ -274,7 +280,7 @@ def _plan_runs(args: argparse.Namespace) -> list[BenchConfig]:
     base = BenchConfig(
         profile=args.profile, units=args.units, params=params, ttft_slo_ms=args.slo_ttft_ms,
         tpot_slo_ms=args.slo_tpot_ms, tpot_metric=args.tpot_metric, seed=args.seed, noise=args.noise,
-        heterogeneity=args.heterogeneity,
+        heterogeneity=args.heterogeneity, interference_on=args.interference_on,
         online_fit=not args.no_online_fit, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.kv_blocks,
         topology=args.topology, prefill_units=args.prefill_units, lockstep=args.lockstep,

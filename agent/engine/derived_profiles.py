@@ -101,7 +101,8 @@ def derive_bandwidth_scaled_profile(base: Profile, spec: DerivedSpec) -> Profile
     * ``kappa`` (:func:`agent.engine.timing.kappa_for_crossover`): the value that puts the crossover of the
       mixed-step and pure-decode per-token marginal costs at the paper's decode share, at the stated
       reference decode context, given ``a', b', c'`` (closed form: ``kappa = c'(C - 1) / (rho (b' + c' +
-      rho c'(C - 1)))``); or, without a crossover (``crossover_decode_fraction=None``), the base profile's
+      rho c'(C - 1)))``; on the attention term only, ``kappa_attention = (C - 1) / (rho (1 + rho (C - 1)))``);
+      or, without a crossover (``crossover_decode_fraction=None``), the base profile's
       measured ``kappa``: the profile then holds nothing but the base's measurements and the GPUs' figures.
 
     Noise, engine-loop and ``schedule()`` overheads and engine limits are copied from the base (host-side,
@@ -156,7 +157,9 @@ def derive_bandwidth_scaled_profile(base: Profile, spec: DerivedSpec) -> Profile
         ),
     )
     if spec.crossover_decode_fraction is None:
-        return _as_shipped(replace(derived, interference_kappa=base.interference_kappa))
+        return _as_shipped(replace(derived, interference_kappa=base.interference_kappa,
+                                   interference_kappa_attention=base.interference_kappa_attention))
     coefs = _as_shipped(derived).coefficients  # kappa from the coefficients exactly as shipped
-    kappa = kappa_for_crossover(coefs, spec.crossover_decode_fraction, spec.reference_decode_context_tokens)
-    return _as_shipped(replace(derived, interference_kappa=kappa))
+    kappas = [kappa_for_crossover(coefs, spec.crossover_decode_fraction, spec.reference_decode_context_tokens, on)
+              for on in ("step", "attention")]
+    return _as_shipped(replace(derived, interference_kappa=kappas[0], interference_kappa_attention=kappas[1]))

@@ -111,8 +111,9 @@ def fit_interference_kappa(
     calibration_workloads: Sequence[str],
     schedule_s: npt.NDArray[np.float64] | None = None,
     typical_schedule_s: float = 0.0,
-) -> tuple[float, InterferenceFit]:
-    """Least-squares ``kappa`` of ``t = L * (1 + kappa * rho * (1 - rho))`` given the linear ``L``; its errors.
+) -> tuple[float, float, InterferenceFit]:
+    """Least-squares ``kappa`` of ``t = L * (1 + kappa * rho * (1 - rho))`` given the linear ``L``, the same on the
+    attention term only (``t = L + kappa_attention * c * ctx * rho * (1 - rho)``), and their errors.
 
     ``L = a + b * new + c * ctx`` are the profile's coefficients (fitted first, on the calibration steps) and
     ``rho = dec / new``. With ``g = rho * (1 - rho)`` (0 on pure steps, which therefore do not move the
@@ -148,16 +149,21 @@ def fit_interference_kappa(
     t_fit = t if schedule_s is None else t - schedule_s + typical_schedule_s
     kappa = _least_squares_kappa(t_fit, lin, g)
     pred = lin * (1.0 + kappa * g)
+    attention = coefficients.c_s * records["ctx"]
+    kappa_attention = _least_squares_kappa(t_fit - lin + attention, attention, g)  # t - L = kappa * (c * ctx) * g
+    pred_attention = lin + kappa_attention * attention * g
     mixed = (records["pre_tok"] > 0) & (records["dec"] > 0)
     cal = np.isin(records["workload"], tuple(calibration_workloads))
     parts = [mixed, mixed & cal, mixed & ~cal]
     n = [int(m.sum()) for m in parts]
     before = [_mixed_mape(t[m], lin[m]) for m in parts]
     after = [_mixed_mape(t[m], pred[m]) for m in parts]
+    on_attention = [_mixed_mape(t[m], pred_attention[m]) for m in parts]
     fitted_on = KAPPA_FITTED_ON_PROBE if schedule_s is not None else "all records (no schedule() times to replace)"
-    return kappa, InterferenceFit(
+    return kappa, kappa_attention, InterferenceFit(
         n[0], before[0], after[0], n[1], before[1], after[1], n[2], before[2], after[2],
-        kappa_unadjusted=_least_squares_kappa(t, lin, g), fitted_on=fitted_on,
+        kappa_unadjusted=_least_squares_kappa(t, lin, g), fitted_on=fitted_on, mape_attention=on_attention[0],
+        calibration_mape_attention=on_attention[1], holdout_mape_attention=on_attention[2],
     )
 
 
@@ -196,8 +202,8 @@ def fit_profile(
     coefs, fit = fit_step_model(calib["new"], calib["ctx"], calib["t_s"])
     log_ratio = np.log(calib["t_s"] / (coefs.a_s + coefs.b_s * calib["new"] + coefs.c_s * calib["ctx"]))
     log_median = float(np.median(log_ratio))
-    kappa, interference = fit_interference_kappa(records, coefs, source.calibration_workloads, schedule_s,
-                                                  sched_overhead_s)
+    kappa, kappa_attention, interference = fit_interference_kappa(records, coefs, source.calibration_workloads,
+                                                                  schedule_s, sched_overhead_s)
     return Profile(
         name=name, description=description, gpu=gpu, model=model, mode=mode, engines_per_gpu=engines_per_gpu,
         source=source, coefficients=coefs, fit=fit, holdout=stats_on(coefs, hold) if len(hold) else None,
@@ -210,4 +216,5 @@ def fit_profile(
         decode_only=_phase(calib[calib["pre_tok"] == 0]),
         mixed=_phase(calib[(calib["pre_tok"] > 0) & (calib["dec"] > 0)]),
         interference_kappa=kappa, interference=interference, derived_from=None,
+        interference_kappa_attention=kappa_attention,
     )

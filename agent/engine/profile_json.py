@@ -97,8 +97,14 @@ def _interference_json(p: Profile) -> dict[str, Any]:
         "num_holdout_mixed_steps": f.holdout_num_steps,
         "holdout_mixed_mape_linear_fraction": _sig_or_none(f.holdout_mape_linear),
         "holdout_mixed_mape_fraction": _sig_or_none(f.holdout_mape), "kappa_unadjusted": _sig(f.kappa_unadjusted),
+        "mixed_mape_attention_fraction": _sig_or_none(f.mape_attention),
+        "calibration_mixed_mape_attention_fraction": _sig_or_none(f.calibration_mape_attention),
+        "holdout_mixed_mape_attention_fraction": _sig_or_none(f.holdout_mape_attention),
     }
     return {"kappa": _sig(p.interference_kappa), "factor": "1 + kappa * rho * (1 - rho), rho = decode / new tokens",
+            "kappa_attention": _sig(p.interference_kappa_attention),
+            "factor_attention": "on the context term only: a + b * new + c * ctx * (1 + kappa_attention * rho * "
+            "(1 - rho))",
             "fitted_on": None if f is None else f.fitted_on, "fit": fit}
 
 
@@ -114,6 +120,9 @@ def _interference_from(d: dict[str, Any] | None, fitted_on: str | None) -> Inter
         holdout_mape_linear=_float_or_nan(d["holdout_mixed_mape_linear_fraction"]),
         holdout_mape=_float_or_nan(d["holdout_mixed_mape_fraction"]), kappa_unadjusted=float(d["kappa_unadjusted"]),
         fitted_on=fitted_on or KAPPA_FITTED_ON_PROBE,
+        mape_attention=_float_or_nan(d.get("mixed_mape_attention_fraction")),
+        calibration_mape_attention=_float_or_nan(d.get("calibration_mixed_mape_attention_fraction")),
+        holdout_mape_attention=_float_or_nan(d.get("holdout_mixed_mape_attention_fraction")),
     )
 
 
@@ -227,4 +236,5 @@ def profile_from_json(d: dict[str, Any]) -> Profile:
         decode_only=_phase_from(d.get("decode_only")), mixed=_phase_from(d.get("mixed")),
         interference_kappa=float(inter["kappa"]), interference=_interference_from(inter["fit"], inter.get("fitted_on")),
         derived_from=_derivation_from(d["derived_from"]),
+        interference_kappa_attention=float(inter.get("kappa_attention", 0.0)),
     )

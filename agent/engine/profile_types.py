@@ -28,6 +28,7 @@ changes the usage formula, the fallback to the rough estimate (about +-1%).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from policies.cost.fit import FitStats
@@ -97,6 +98,12 @@ class InterferenceFit:
     :func:`agent.engine.profile_fit.fit_interference_kappa`)."""
     fitted_on: str = KAPPA_FITTED_ON_PROBE
     """What ``kappa`` was fitted on, in words (the default: a probe file's steps, which time ``schedule()``)."""
+    mape_attention: float = math.nan
+    """The mixed steps' MAPE with the factor on the attention term only (``Profile.interference_kappa_attention``)
+    instead of the whole step; over all records, then the calibration and the holdout workloads' (NaN: not
+    fitted, a profile file written before the attention shape)."""
+    calibration_mape_attention: float = math.nan
+    holdout_mape_attention: float = math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +198,10 @@ class Profile:
     """How ``interference_kappa`` changes the error on the mixed steps (None: derived)."""
     derived_from: Derivation | None
     """Set for a profile derived from another one and published figures, never measured."""
+    interference_kappa_attention: float = 0.0
+    """The same interference on the context (attention) term only: ``a + b * new + c * ctx * (1 + kappa * rho *
+    (1 - rho))`` (seed 002's kernel breakdown; ``bench --interference-on attention``), fitted on the same records
+    the same way. 0 in a profile file written before it."""
 
     @property
     def is_derived(self) -> bool:

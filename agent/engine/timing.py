@@ -25,6 +25,10 @@ excess over the line between the pure-prefill and pure-decode costs is proportio
 our linear model is that line (it is linear in ``rho`` at fixed ``new_tokens``), so the factor is the
 paper's shape, applied multiplicatively. ``kappa`` is fitted per profile by
 :func:`agent.engine.profile_fit.fit_interference_kappa` (see there for the data and for what it absorbs).
+With ``interference_on="attention"`` the factor multiplies only the context (attention) term instead,
+``a + b * new + c * ctx * (1 + kappa * rho * (1 - rho))``: seed 002's kernel breakdown (A.2) says only
+attention grows with the decode share, and on the H100 8B records this shape fits the mixed steps better
+(``docs/simulator.md``); its ``kappa`` is the profile's ``interference_kappa_attention``, fitted the same way.
 :func:`marginal_cost_crossover` and :func:`kappa_for_crossover` translate between ``kappa`` and the paper's
 observable: the decode share above which a mixed step's per-token marginal cost exceeds pure decode's.
 """
@@ -52,6 +56,8 @@ def fit_heterogeneity(points: tuple[tuple[int, float, float], ...] = HETEROGENEI
 
 
 HETEROGENEITY_H = fit_heterogeneity()
+INTERFERENCE_ON = ("step", "attention")
+"""What the mixed-batch interference factor may multiply (:attr:`StepTimer.interference_on`)."""
 HETEROGENEITY_CAP = max(s for _, _, s in HETEROGENEITY_POINTS)
 
 
@@ -67,6 +73,9 @@ class StepTimer:
     loop_overhead_per_request_s: float = 0.0
     interference_kappa: float = 0.0
     """Mixed-batch interference (see the module docstring); 0 leaves every step linear."""
+    interference_on: str = "step"
+    """What the interference factor multiplies: ``step`` (the whole linear prediction) or ``attention`` (the
+    context term only)."""
     _rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -74,6 +83,9 @@ class StepTimer:
             raise ValueError("noise_sigma must be >= 0")
         if self.interference_kappa < 0:
             raise ValueError("interference_kappa must be >= 0")
+        if self.interference_on not in INTERFERENCE_ON:
+            raise ValueError(f"interference_on must be one of {', '.join(INTERFERENCE_ON)}, "
+                             f"not {self.interference_on!r}")
         self._rng = random.Random(self.seed)
 
     def duration_s(
@@ -92,7 +104,11 @@ class StepTimer:
         """
         t = self.coefficients.predict_s(new_tokens, context_tokens)
         if self.interference_kappa:
-            t *= interference_factor(self.interference_kappa, new_tokens, decode_tokens)
+            factor = interference_factor(self.interference_kappa, new_tokens, decode_tokens)
+            if self.interference_on == "step":
+                t *= factor
+            else:
+                t += self.coefficients.c_s * context_tokens * (factor - 1.0)
         if self.heterogeneity and contexts and len(contexts) > 1:
             t *= 1.0 + heterogeneity_slowdown(contexts)
         if self.noise_sigma > 0.0:
@@ -120,16 +136,21 @@ def interference_factor(kappa: float, new_tokens: int, decode_tokens: int) -> fl
     return 1.0 + kappa * rho * (1.0 - rho)
 
 
-def _crossover_terms(coefficients: StepCoefficients, decode_context_tokens: int) -> tuple[float, float]:
-    """``(b + c, c * (C - 1))`` of the marginal-cost model below (seconds per token)."""
+def _crossover_terms(
+    coefficients: StepCoefficients, decode_context_tokens: int, on: str = "step"
+) -> tuple[float, float]:
+    """``(b + c, c * (C - 1))`` of the marginal-cost model below (seconds per token); ``(c, c * (C - 1))`` when the
+    interference is ``on`` the attention term only (``b`` takes no part in it)."""
     if decode_context_tokens < 2:
         raise ValueError("decode_context_tokens must be >= 2 (a decode step reads at least one earlier token)")
+    if on not in INTERFERENCE_ON:
+        raise ValueError(f"on must be one of {', '.join(INTERFERENCE_ON)}, not {on!r}")
     c = coefficients.c_s
-    return coefficients.b_s + c, c * (decode_context_tokens - 1)
+    return (coefficients.b_s if on == "step" else 0.0) + c, c * (decode_context_tokens - 1)
 
 
 def marginal_cost_crossover(
-    coefficients: StepCoefficients, kappa: float, decode_context_tokens: int
+    coefficients: StepCoefficients, kappa: float, decode_context_tokens: int, on: str = "step"
 ) -> float | None:
     """Decode share above which a mixed step's per-token marginal cost exceeds a pure-decode step's.
 
@@ -145,23 +166,30 @@ def marginal_cost_crossover(
     ``rho * L(rho)`` increases with ``rho``, so there is one crossover, the root in ``rho`` of
     ``kappa * c * (C - 1) * rho^2 + kappa * (b + c) * rho - c * (C - 1) = 0``. Returns it, or None when
     mixed steps never cost more (``kappa = 0``, or the root is at or above 1).
+
+    With the interference ``on`` the attention term only, ``m(rho) = b + A(rho) * (1 + kappa * rho * (1 - rho))``
+    with ``A(rho) = c * (1 + rho * (C - 1))``, and the same algebra holds with ``A`` in place of ``L``: the root of
+    ``kappa * c * (C - 1) * rho^2 + kappa * c * rho - c * (C - 1) = 0``.
     """
     if kappa <= 0.0:
         return None
-    b1, slope = _crossover_terms(coefficients, decode_context_tokens)
+    b1, slope = _crossover_terms(coefficients, decode_context_tokens, on)
     if slope <= 0.0:
         return None
     rho = (-b1 + math.sqrt(b1 * b1 + 4.0 * slope * slope / kappa)) / (2.0 * slope)
     return rho if rho < 1.0 else None
 
 
-def kappa_for_crossover(coefficients: StepCoefficients, crossover: float, decode_context_tokens: int) -> float:
+def kappa_for_crossover(
+    coefficients: StepCoefficients, crossover: float, decode_context_tokens: int, on: str = "step"
+) -> float:
     """The ``kappa`` whose :func:`marginal_cost_crossover` is ``crossover`` (the inverse, closed form).
 
     From ``kappa * rho * L(rho) = c * (C - 1)`` at ``rho = crossover``:
-    ``kappa = c * (C - 1) / (rho * (b + c + rho * c * (C - 1)))``.
+    ``kappa = c * (C - 1) / (rho * (b + c + rho * c * (C - 1)))``; ``on="attention"``:
+    ``kappa = (C - 1) / (rho * (1 + rho * (C - 1)))``.
     """
     if not 0.0 < crossover < 1.0:
         raise ValueError("crossover must lie strictly between 0 and 1")
-    b1, slope = _crossover_terms(coefficients, decode_context_tokens)
+    b1, slope = _crossover_terms(coefficients, decode_context_tokens, on)
     return slope / (crossover * (b1 + crossover * slope))

@@ -203,6 +203,21 @@ def test_instances_step_in_lockstep_inside_and_a_bad_size_is_refused(tmp_path: P
     assert proc.returncode == 2 and "not both" in proc.stderr
 
 
+def test_interference_on_attention_is_a_bench_option(tmp_path: Path) -> None:
+    runs = {}
+    for on in ("step", "attention"):
+        out = tmp_path / f"{on}.json"
+        code = main(["bench", "--trace", str(SMALL_AZURE), "--limit", "60", "--profile",
+                     "rtxpro6000-llama31-8b-derived", "--interference-on", on, "--no-progress", "--json", str(out)])
+        assert code == 0
+        runs[on] = json.loads(out.read_text())
+    assert [r["config"]["interference_on"] for r in runs.values()] == ["step", "attention"]
+    busy = {on: sum(u["mean_step_ms"] * u["steps"] for u in r["units"]) for on, r in runs.items()}
+    assert busy["step"] != busy["attention"], "the shapes time mixed steps differently"
+    proc = run_cli("bench", "--trace", str(SMALL_AZURE), "--limit", "5", "--interference-on", "weights")
+    assert proc.returncode == 2 and "--interference-on" in proc.stderr
+
+
 def test_a_pass_sync_cost_slows_lockstep_passes_and_needs_them(tmp_path: Path) -> None:
     runs = {}
     for sync in ("0", "20"):

@@ -91,13 +91,27 @@ def test_step_timer_applies_interference_only_to_mixed_steps() -> None:
         StepTimer(COEFS, interference_kappa=-0.1)
 
 
-def _crossover_by_bisection(coefs: StepCoefficients, kappa: float, ctx: int) -> float:
+def test_interference_on_attention_slows_only_the_context_term() -> None:
+    timer = StepTimer(COEFS, interference_kappa=1.2, interference_on="attention")
+    linear = COEFS.predict_s(512, 40_000)
+    attention = COEFS.c_s * 40_000
+    assert timer.duration_s(512, 40_000, decode_tokens=256) == pytest.approx(linear + attention * 0.3)
+    assert timer.duration_s(512, 40_000, decode_tokens=0) == linear  # pure steps: unchanged
+    assert timer.duration_s(512, 40_000, decode_tokens=512) == linear
+    assert timer.duration_s(512, 0, decode_tokens=256) == COEFS.predict_s(512, 0), "no context, nothing to slow"
+    with pytest.raises(ValueError, match="interference_on"):
+        StepTimer(COEFS, interference_kappa=1.0, interference_on="weights")
+
+
+def _crossover_by_bisection(coefs: StepCoefficients, kappa: float, ctx: int, on: str = "step") -> float:
     """Root of (marginal cost of a mixed step) - (pure decode's), straight from the definition."""
 
     def gap(rho: float) -> float:
         def t(n: float) -> float:
-            lin = coefs.a_s + coefs.b_s * n + coefs.c_s * (n * rho * ctx + n * (1 - rho))
-            return lin * (1 + kappa * rho * (1 - rho))
+            attention = coefs.c_s * (n * rho * ctx + n * (1 - rho))
+            if on == "attention":
+                return coefs.a_s + coefs.b_s * n + attention * (1 + kappa * rho * (1 - rho))
+            return (coefs.a_s + coefs.b_s * n + attention) * (1 + kappa * rho * (1 - rho))
 
         return (t(2000) - t(1000)) / 1000 - (coefs.b_s + coefs.c_s * ctx)
 
@@ -119,6 +133,17 @@ def test_crossover_closed_form_matches_the_definition_and_inverts(ctx: int) -> N
     # Below c * (C - 1) / (b + c * C) mixed steps never cost more per token than pure decode.
     floor = COEFS.c_s * (ctx - 1) / (COEFS.b_s + COEFS.c_s * ctx)
     assert marginal_cost_crossover(COEFS, 0.99 * floor, ctx) is None
+
+
+@pytest.mark.parametrize("ctx", [256, 1024, 4096])
+def test_crossover_on_attention_matches_the_definition_and_its_closed_form(ctx: int) -> None:
+    kappa = kappa_for_crossover(COEFS, 0.3, ctx, on="attention")
+    assert kappa == pytest.approx((ctx - 1) / (0.3 * (1 + 0.3 * (ctx - 1))))
+    assert marginal_cost_crossover(COEFS, kappa, ctx, on="attention") == pytest.approx(0.3)
+    assert _crossover_by_bisection(COEFS, kappa, ctx, on="attention") == pytest.approx(0.3, abs=1e-6)
+    assert kappa > kappa_for_crossover(COEFS, 0.3, ctx), "a term that slows less of the step needs a larger kappa"
+    with pytest.raises(ValueError, match="on must be"):
+        kappa_for_crossover(COEFS, 0.3, ctx, on="weights")
 
 
 def test_simulated_unit_passes_its_decode_tokens_to_the_timer() -> None:
