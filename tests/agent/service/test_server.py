@@ -354,10 +354,17 @@ def test_a_restarted_agent_is_streamed_from_its_first_event_not_after_the_old_se
 
         first, second = make_hub(), make_hub()
         assert first.boot_ns != second.boot_ns
+        # The first run stands still at 0.5 s of node time (its server's clock starts at 0 and runs at 1/100: the
+        # node waits 50 s for its next event), so the client has its whole stream, no more, whatever the machine's
+        # speed: live at 20x, a loaded machine let the client take over 3000 events of it before the server stopped.
+        first.attach()
+        first.node.advance(0.5)
         task = asyncio.create_task(consume())
         try:
-            async with make_server(first, port=port):
-                await wait_for(lambda: len(runs.get(first.boot_ns, ())) > 300, what="the first run's events")
+            async with make_server(first, port=port, speed=0.01):
+                await wait_for(lambda: runs.get(first.boot_ns, [])[-1:] == [first.sequencer.last_seq],
+                               what="the first run's events")
+            assert len(runs[first.boot_ns]) == first.sequencer.last_seq > 300
             # The restarted agent is further on in its new run than the client was in the old one when the client
             # comes back: resuming after the old run's last seq would skip the new run's first events.
             second.attach()
