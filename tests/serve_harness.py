@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -15,9 +15,10 @@ from agent.bench.runner import BenchConfig
 from agent.cli.serve import make_node
 from agent.service.hub import Hub
 from agent.service.server import AgentServer
-from agent.telemetry import StepEvent
+from agent.telemetry import Event, StepEvent
 from agent.workload.spec import parse_workload
 from policies.types import StepMode
+from store.writer import StoreWriter
 
 TOKEN = "t0ken-for-tests"
 T = TypeVar("T")
@@ -61,6 +62,47 @@ async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, what:
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+class NotingWriter:
+    """A :class:`StoreWriter` that notes what a recorder wrote through it (``events``, appended from the recorder's
+    thread), so that a test waits until the recorder has what it must store instead of sleeping and hoping:
+    ``record(..., writer_factory=writers.make)`` with ``writers = NotingWriters()``."""
+
+    def __init__(self, path: Path) -> None:
+        self.inner = StoreWriter(path)
+        self.events: list[Event] = []
+
+    def write(self, events: Sequence[Event]) -> None:
+        self.inner.write(events)
+        self.events.extend(events)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def last_seq(self, node_id: str, boot_ns: int | None = None) -> int:
+        return self.inner.last_seq(node_id, boot_ns)
+
+    def prune(self, older_than_ns: int) -> int:
+        return self.inner.prune(older_than_ns)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class NotingWriters:
+    """The :class:`NotingWriter`\\ s a recorder made (``make`` is its ``writer_factory``), the latest last."""
+
+    def __init__(self) -> None:
+        self.made: list[NotingWriter] = []
+
+    def make(self, path: Path) -> NotingWriter:
+        self.made.append(NotingWriter(path))
+        return self.made[-1]
+
+    def wrote(self, predicate: Callable[[Event], bool]) -> bool:
+        """Whether the latest writer wrote an event for which ``predicate`` holds."""
+        return bool(self.made) and any(predicate(e) for e in list(self.made[-1].events))
 
 
 EVENT_TABLES = ("steps", "requests", "request_events", "unit_loads", "audits", "alerts", "stage_boundaries")

@@ -6,15 +6,16 @@ replay buffer overtook it, stores the hole it was told of."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
 import msgspec
 import pytest
-from serve_harness import make_hub, make_server, run, stored_runs, wait_for
+from serve_harness import NotingWriters, make_hub, make_server, run, stored_runs, wait_for
 from test_store import NODE, T0, hello, step
 
-from agent.telemetry import Alert, AlertCode, NodeHello
+from agent.telemetry import Alert, AlertCode, Event, NodeHello
 from store import schema
 from store.recorder import Recorder, record_agents
 from store.replay import replay
@@ -141,17 +142,14 @@ REPLAY_EVENTS = 200
 def test_a_recorder_resumed_after_the_agent_overtook_it_stores_the_hole(tmp_path: Path) -> None:
     db = tmp_path / "record.duckdb"
 
-    async def record_a_while(server_url: str) -> None:
-        """``trackside record``'s recorder on the agent for 0.3 s after its hello."""
+    async def record_until(server_url: str, stored: Callable[[Event], bool], what: str) -> None:
+        """``trackside record``'s recorder on the agent until it has written an event that is ``stored`` (it had 0.3 s
+        after the hello, which a loaded machine could spend before the first events after the hole came)."""
         stop = asyncio.Event()
-        seen: list[int] = []
-
-        def on_hello(uri: str, event: NodeHello) -> None:
-            seen.append(event.boot_ns)
-
-        task = asyncio.create_task(record_agents([server_url], db, stop=stop, flush_s=0.05, on_hello=on_hello))
-        await wait_for(lambda: bool(seen), what="the hello")
-        await asyncio.sleep(0.3)
+        writers = NotingWriters()
+        task = asyncio.create_task(record_agents([server_url], db, stop=stop, flush_s=0.05,
+                                                 writer_factory=writers.make))
+        await wait_for(lambda: writers.wrote(stored) or task.done(), what=what)
         stop.set()
         await task
 
@@ -160,10 +158,10 @@ def test_a_recorder_resumed_after_the_agent_overtook_it_stores_the_hole(tmp_path
         server = make_server(hub, speed=5.0)
         await server.start()
         try:
-            await record_a_while(server.url)
+            await record_until(server.url, lambda e: e.seq > 0, "the first events recorded")
             stored = max(stored_runs(db)[hub.boot_ns])
             await wait_for(lambda: hub.replay.oldest_seq > stored + 1, what="the agent to overtake the store")
-            await record_a_while(server.url)
+            await record_until(server.url, lambda e: e.seq > stored + 1, "the events after the hole recorded")
         finally:
             await server.stop()
         return stored, hub.boot_ns

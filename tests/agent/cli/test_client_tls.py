@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_harness import TOKEN, make_hub, make_server, run, stored_seqs, wait_for
+from serve_harness import TOKEN, NotingWriters, make_hub, make_server, run, stored_seqs, wait_for
 
 from agent.cli.serve import main, record
 from agent.service.server import AgentServer, server_ssl_context
@@ -127,10 +127,11 @@ def test_record_with_and_without_ca_file(pki: Pki, tmp_path: Path, capsys: pytes
         async with tls_server(pki) as server:
             refused = await record([server.url], tmp_path / "refused.duckdb", flush_s=0.1)  # returns: no retrying
             stop = asyncio.Event()
-            task = asyncio.create_task(record([server.url], db, flush_s=0.1, stop=stop,
+            writers = NotingWriters()
+            task = asyncio.create_task(record([server.url], db, flush_s=0.1, stop=stop, writer_factory=writers.make,
                                               ssl_context=client_ssl_context(pki.ca)))
-            await wait_for(lambda: db.with_suffix(".duckdb.wal").exists() or task.done(), what="the store")
-            await asyncio.sleep(0.5)
+            # until events are written (the file alone, then 0.5 s, could be too little on a loaded machine)
+            await wait_for(lambda: writers.wrote(lambda e: e.seq > 0) or task.done(), what="events recorded")
             stop.set()
             return refused, await task
 

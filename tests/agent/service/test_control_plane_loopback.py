@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from serve_harness import TOKEN, make_hub, make_server, run, wait_for
+from serve_harness import TOKEN, NotingWriters, make_hub, make_server, run, wait_for
 from websockets.asyncio.client import ClientConnection, connect
 
 from agent.bench.runner import BenchConfig
@@ -100,9 +100,11 @@ def test_a_wrong_token_is_an_audit_event_and_a_store_row(tmp_path: Path) -> None
 
     async def go() -> tuple[Reply, ControlAudit, int]:
         hub = make_hub()
+        writers = NotingWriters()
         async with make_server(hub) as server:
             stop = asyncio.Event()
-            recorder = asyncio.create_task(record([server.url], db, flush_s=0.1, stop=stop))
+            recorder = asyncio.create_task(record([server.url], db, flush_s=0.1, stop=stop,
+                                                  writer_factory=writers.make))
             async with open_session(server.url) as watcher:
                 await watcher.call(Subscribe(kinds=("audit",)))
                 await wait_for(lambda: len(hub.subscriptions) == 2, what="the recorder's subscription")
@@ -111,7 +113,9 @@ def test_a_wrong_token_is_an_audit_event_and_a_store_row(tmp_path: Path) -> None
                 await intruder.close()
                 audit = await asyncio.wait_for(watcher.next_event(), 10.0)
                 assert isinstance(audit, ControlAudit)
-            await asyncio.sleep(0.3)  # a flush or two
+            # the recorder's own connection brings it the audit: wait for it there (a fixed 0.3 s was not always
+            # enough on a loaded machine); stopping then writes and commits it
+            await wait_for(lambda: writers.wrote(lambda e: isinstance(e, ControlAudit)), what="the audit recorded")
             stop.set()
             return reply, audit, await recorder
 
@@ -173,13 +177,15 @@ def test_ctl_and_record_take_a_read_token(tmp_path: Path, capsys: pytest.Capture
         async with make_server(hub) as server:
             u, t = server.url, str(read_file)
             stop = asyncio.Event()
-            recorder = asyncio.create_task(record([u], db, flush_s=0.1, stop=stop, token=READ_TOKEN))
+            writers = NotingWriters()
+            recorder = asyncio.create_task(record([u], db, flush_s=0.1, stop=stop, token=READ_TOKEN,
+                                                  writer_factory=writers.make))
             # the refusals last: the server slows an address after one (a token at connect then waits its turn)
             codes = [await asyncio.to_thread(main, ["ctl", u, "--token-file", t, "status"]),
                      await asyncio.to_thread(main, ["ctl", u, "--token-file", t, "pause", "--unit", "0"]),
                      await asyncio.to_thread(main, ["ctl", u, "status"])]
             await wait_for(lambda: hub.replay.last_seq > 50, what="events")
-            await asyncio.sleep(0.3)
+            await wait_for(lambda: writers.wrote(lambda e: isinstance(e, StepEvent)), what="steps recorded")
             stop.set()
             codes.append(await recorder)
         return codes
