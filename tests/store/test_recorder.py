@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import duckdb
@@ -96,9 +96,11 @@ def test_a_write_error_is_kept_and_later_frames_are_still_written() -> None:
     writer = ListWriter(fail_writes=1)
     with Recorder(writer, flush_s=0.05) as recorder:
         recorder.record(step_events(2))
-        for _ in range(100):
-            if recorder.failure is not None:
-                break
+        # until the thread has failed that write (it went on after 1 s whatever happened: a thread not scheduled
+        # by then wrote both frames in the one failing write)
+        deadline = time.monotonic() + 30
+        while recorder.failure is None:
+            assert time.monotonic() < deadline, "the first write never failed"
             time.sleep(0.01)
         recorder.record(step_events(3)[2:])
     assert isinstance(recorder.failure, StoreError) and recorder.error == "disk full"
@@ -106,11 +108,36 @@ def test_a_write_error_is_kept_and_later_frames_are_still_written() -> None:
 
 
 def test_retention_prunes_at_the_start_on_the_injected_clocks() -> None:
+    """Both clocks injected: the monotonic one too, so that "a tenth of the retention later" is the test's to say
+    (with the real one and 0.2 s of sleep, a thread not scheduled in time pruned never, or twice)."""
     writer = ListWriter()
-    with Recorder(writer, flush_s=0.05, retention_s=10.0, wall_clock_ns=lambda: 100 * 10**9):
-        time.sleep(0.2)
-    assert writer.prunes[:1] == [90 * 10**9], "the first prune: at the start, ten seconds back from the wall clock"
-    assert len(writer.prunes) == 1, "the next one is a tenth of the retention later"
+    now = [0.0]
+
+    def until(predicate: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.005)
+
+    with Recorder(writer, flush_s=0.05, retention_s=10.0, clock=lambda: now[0],
+                  wall_clock_ns=lambda: 100 * 10**9) as recorder:
+
+        def turn() -> None:
+            """Two frames written one after the other: the thread's turn that wrote the first has looked at the
+            clock and decided whether to prune."""
+            for events in (step_events(1), step_events(1)):
+                num = len(writer.writes)
+                recorder.record(events)
+                until(lambda n=num: len(writer.writes) > n, "a write")  # type: ignore[misc]
+
+        until(lambda: bool(writer.prunes), "the first prune")
+        assert writer.prunes == [90 * 10**9], "the first prune: at the start, ten seconds back from the wall clock"
+        now[0] = 0.9
+        turn()
+        assert len(writer.prunes) == 1, "the next one is a tenth of the retention later"
+        now[0] = 1.0
+        turn()
+        assert writer.prunes == [90 * 10**9] * 2
 
 
 def test_a_store_file_written_through_the_recorder(tmp_path: Path) -> None:
