@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,7 +17,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.typing import Origin
 
-from agent.service.guard import Backoff, ConnectionLimits
+from agent.service.guard import AuthThrottle, Backoff, ConnectionLimits
 from agent.service.server import SLOW_REASON, AgentServer, _Connection
 from agent.telemetry import MSGPACK, NodeHello, OkReply, PauseUnit, Status, StatusInfo, Subscribe
 from agent.telemetry.client import open_session
@@ -189,11 +190,45 @@ def test_browsers_are_refused_unless_their_origin_is_allowed() -> None:
     run(go)
 
 
+class PausableClock:
+    """``time.monotonic``, but it can stand still (``pause``) and go on from there (``resume``)."""
+
+    def __init__(self) -> None:
+        self._offset = 0.0
+        self._paused_at: float | None = None
+
+    def __call__(self) -> float:
+        return self._paused_at if self._paused_at is not None else time.monotonic() - self._offset
+
+    def pause(self) -> None:
+        self._paused_at = self()
+
+    def resume(self) -> None:
+        assert self._paused_at is not None
+        self._offset = time.monotonic() - self._paused_at
+        self._paused_at = None
+
+
 def test_refused_tokens_are_slowed_per_connection_and_address_then_the_connection_is_closed() -> None:
+    clock = PausableClock()
+
+    class Throttle(AuthThrottle):
+        """The agent's throttle on ``clock``, which stands still from a connection's last refusal (the one that
+        closes it) until the test resumes it: the address's 0.8 s backoff is whole when the next handshake comes, on
+        a machine however slow (on the real clock a 0.5 s stall before that handshake let its token in)."""
+
+        def failed(self, host: str, num_connection_failures: int = 1) -> float:
+            delay_s = super().failed(host, num_connection_failures)
+            if self.closes(num_connection_failures):
+                clock.pause()
+            return delay_s
+
     async def go() -> None:
         backoff = Backoff(initial_s=0.1, max_s=2.0, max_failures=4, half_life_s=600.0, max_handshake_wait_s=0.3)
         hub = make_hub()
-        async with make_server(hub, limits=ConnectionLimits(backoff=backoff)) as server:
+        server = make_server(hub, limits=ConnectionLimits(backoff=backoff))
+        server.auth = Throttle(backoff, get_time=clock)
+        async with server:
             loop = asyncio.get_running_loop()
             async with connect(f"{server.url}?format=json") as ws:
                 await ws.recv()  # hello
@@ -217,6 +252,7 @@ def test_refused_tokens_are_slowed_per_connection_and_address_then_the_connectio
                 async with open_session(server.url, token=TOKEN):
                     pass
             assert refused.value.response.status_code == 429 and refused.value.response.headers["Retry-After"]
+            clock.resume()
             # ... and a new connection's first try waits for it too.
             async with connect(f"{server.url}?format=json") as ws:
                 await ws.recv()
