@@ -275,10 +275,13 @@ def test_batch_policy_hot_swap_reaches_the_engine(agent: AgentProcess) -> None:
             units = json.loads(out)["payload"]["units"]
             assert units[1]["batch_policy"] == "sarathi" and units[1]["batch_params"]["token_budget"] == 64
             assert (await ctl(agent, "set-policy", "vllm"))[0] == 0
+            # ctl's reply comes on its own connection: the watch's stream brings the last audit when it does
+            await wait_for(lambda: len(watch.of(ControlAudit)) >= 5, what="the last swap's audit")
         audits = watch.of(ControlAudit)
         assert [a.result for a in audits] == ["applied", "dry_run", "rejected", "applied", "applied"]
+        last = max(i for i, e in enumerate(watch.events) if isinstance(e, ControlAudit))
         state = ConsoleState()
-        state.apply(watch.events[:-1], source=agent.ws_url)  # before the last swap back
+        state.apply(watch.events[:last], source=agent.ws_url)  # before the last swap back
         units = state.nodes["vllm-test"].units.values()
         # (the audit carries a parameter change as it was typed)
         assert [(u.batch_policy, str(u.batch_params.get("token_budget"))) for u in units] == [
@@ -304,8 +307,15 @@ def test_dispatcher_swap_drain_and_pause(agent: AgentProcess) -> None:
             long = asyncio.create_task(complete(client, "paused-1", max_tokens=300))
             await wait_for(lambda: any(isinstance(e, RequestFirstToken) and e.request_id == engine_id("paused-1")
                                        for e in watch.events), what="the long request's first token")
+            mark = len(watch.events)
             assert (await ctl(agent, "pause", "--unit", "1"))[0] == 0
-            paused_at = len(watch.events)
+            # from the pause's place in the stream (its audit): when ctl returns, the watch may not have read the
+            # steps made before the pause yet (on a loaded machine, more than the one the [1:] below allows)
+            def is_pause(e: Event) -> bool:
+                return isinstance(e, ControlAudit) and e.action == "set_unit_mode" and e.new[0].mode == "paused"
+
+            await wait_for(lambda: any(map(is_pause, watch.events[mark:])), what="the pause's audit")
+            paused_at = next(i for i, e in enumerate(watch.events) if i >= mark and is_pause(e)) + 1
             await asyncio.sleep(0.6)
             assert not watch.of(StepEvent, paused_at)[1:], "a paused engine does not step"
             assert not long.done()
