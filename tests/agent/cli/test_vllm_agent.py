@@ -26,7 +26,7 @@ pytest.importorskip("vllm")
 
 import httpx
 import openai
-from serve_harness import TOKEN, run, wait_for
+from serve_harness import TOKEN, NotingWriters, run, wait_for
 
 from agent.cli.serve import main as serve_main
 from agent.cli.serve import record
@@ -357,9 +357,13 @@ def test_read_only_agent_replays_a_workload_and_records_to_duckdb(tmp_path: Path
             code, _ = await ctl(proc, "set-policy", "vllm")
             assert code == 2
             stop = asyncio.Event()
-            task = asyncio.create_task(record([proc.ws_url], db, flush_s=0.2, stop=stop))
+            writers = NotingWriters()
+            task = asyncio.create_task(record([proc.ws_url], db, flush_s=0.2, stop=stop, writer_factory=writers.make))
             await wait_for(lambda: proc.proc.poll() is not None, timeout_s=60, what="the workload's end")
-            await asyncio.sleep(0.5)
+            # every finish written (in stream order: the steps before them too), not 0.5 s after the agent's exit
+            await wait_for(lambda: bool(writers.made) and sum(isinstance(e, RequestFinished)
+                                                              for e in list(writers.made[-1].events)) >= 24,
+                           what="the 24 finishes recorded")
             stop.set()
             assert await task == 0
 
