@@ -128,15 +128,20 @@ def test_the_inbox_hands_requests_and_refusals_in_order(tmp_path: Any) -> None:
     raw.setsockopt(zmq.LINGER, 0)
     raw.connect(addr)
     try:
+        got: list[ControlRequest | FrameError] = []
+        deadline = time.monotonic() + 30
+
+        def poll_until(num: int) -> None:
+            nonlocal got
+            while len(got) < num and time.monotonic() < deadline:
+                got += inbox.poll()
+                time.sleep(0.005)
+
         sender.send(SetPolicy(id="a", name="sarathi"))
-        time.sleep(0.05)  # two sockets: let the first frame arrive first
+        poll_until(1)  # two sockets: the first frame taken before the others are sent (a 50 ms sleep was a guess)
         raw.send(b"\xc1")
         raw.send(msgspec.msgpack.encode({"op": "reboot", "id": "b"}))
-        got: list[ControlRequest | FrameError] = []
-        deadline = time.monotonic() + 5
-        while len(got) < 3 and time.monotonic() < deadline:
-            got += inbox.poll()
-            time.sleep(0.005)
+        poll_until(3)
         assert got[0] == SetPolicy(id="a", name="sarathi")
         assert [type(m) for m in got[1:]] == [FrameError, FrameError]
         assert [m.id for m in got[1:] if isinstance(m, FrameError)] == [None, "b"]
