@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -78,12 +77,17 @@ def test_the_agents_command_resolves_to_one_unit_on_gpu_0(tmp_path: Path, capsys
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 def test_the_cpu_meter_puts_a_busy_child_on_the_children_side() -> None:
-    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(30)"
-    child = subprocess.Popen([sys.executable, "-c", burn])
+    burn = ("import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.4: pass\nprint('burnt', flush=True)\ntime.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
     try:
         assert child.pid in descendants(os.getpid())
         meter = CpuMeter(os.getpid())
-        time.sleep(1.5)  # the child burns its 0.4 s of CPU meanwhile; this process sleeps
+        child.stdin.write("go\n")  # it burns its 0.4 s of CPU from now on; this process waits, idle
+        child.stdin.flush()
+        # until it has (a 1.5 s sleep did not always cover its start and 0.4 s of CPU on a loaded machine)
+        assert child.stdout.readline() == "burnt\n"
         cpu = meter.stop(output_tokens=1000, bench_s=0.5)
     finally:
         child.kill()
