@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -553,12 +554,18 @@ def test_disconnect_while_pending_leaves_the_queue(served: Served, dispatcher: C
     def pending() -> list[str]:
         return list(served.call(lambda: [k for k in served.cluster.pending if request_id in k]))
 
-    with ThreadPoolExecutor(1) as pool:
-        post = pool.submit(httpx.post, served.base_url + "/completions", headers={"x-request-id": request_id},
-                           timeout=0.5, json={"model": MODEL, "prompt": ids(10), "max_tokens": 5, "stream": stream})
+    # The client leaves once the request is seen waiting, not after a 0.5 s read timeout: on a loaded machine the
+    # timeout could end the request before the test had seen it pending (held by Hold, nothing comes back meanwhile).
+    url = httpx.URL(served.base_url + "/completions")
+    body = json.dumps({"model": MODEL, "prompt": ids(10), "max_tokens": 5, "stream": stream}).encode()
+    with socket.create_connection((url.host, url.port), timeout=TIMEOUT_S) as client:
+        client.sendall(f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+                       f"Content-Type: application/json\r\nX-Request-Id: {request_id}\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         poll(pending)
-        with pytest.raises(httpx.ReadTimeout):
-            post.result()
+        client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            client.recv(1)  # no reply (not even its headers) while it waits
     poll(lambda: not pending() and not served.call(lambda: [k for k in served.cluster.streams if request_id in k]))
     assert served.call(lambda: served.cluster.num_aborted) == aborted + 1
     assert all(request_id not in k for u in served.units for k in u.live)
