@@ -239,7 +239,17 @@ def test_recorder_unit_sql_prune_ctl_and_console(tmp_path: Path) -> None:
     with simulated_agent(port, "--token-file", str(tmp_path / "token")):
         _, argv = split(unit_exec_starts()[1], paths)
         recorder = subprocess.Popen([*TRACKSIDE, *argv], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        time.sleep(4)
+        # its hello from the agent, not 4 s: a start slower than that on a loaded machine was killed by the SIGTERM
+        # before its handlers were in place (and had no store yet)
+        assert recorder.stderr is not None
+        said = []
+        for line in recorder.stderr:
+            said.append(line)
+            if line.startswith("trackside record: ") and ": node " in line:
+                break
+        else:
+            raise AssertionError(f"the recorder ended without a hello: {''.join(said)}")
+        time.sleep(1.0)  # some steps for the commands below (nothing counts them)
         recorder.send_signal(signal.SIGTERM)
         assert recorder.wait(timeout=30) == 0
         assert (tmp_path / "telemetry.duckdb").is_file()
