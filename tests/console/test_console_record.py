@@ -52,7 +52,11 @@ async def watch(server: AgentServer, db: Path, num_events: int, *, query: bool =
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: len(spy.seqs) >= num_events, f"{num_events} events", timeout_s=40)
             if query:
-                await until(pilot, lambda: recorder.num_flushes >= 2, "a commit")
+                # a commit after steps were written (num_flushes >= 2 could count flushes from before any step on a
+                # loaded machine, where the writer thread lags behind the feed)
+                await until(pilot, lambda: recorder.num_written >= num_events, "the events written")
+                flushed = recorder.num_flushes
+                await until(pilot, lambda: recorder.num_flushes > flushed, "a commit")
                 await pilot.press("7")
                 screen = app.screen
                 assert isinstance(screen, SqlScreen)
