@@ -120,6 +120,10 @@ def test_hot_swaps_through_ctl_under_load_lose_nothing(token_file: Path) -> None
                 assert len(node.states) == node.num_finished + node.num_rejected + len(node.unfinished())
             await asyncio.wait_for(server.workload_done.wait(), 60)
             await wait_for(lambda: len(finished) == node.num_finished, what="every finish streamed")
+            # the last swaps may come after the last finish (1.25 s of workload at 8x): their audits too, on the
+            # watcher's connection, which ctl's replies do not wait for
+            await wait_for(lambda: len([a for a in audits if a.result == "applied"]) >= len(swaps) + 1,
+                           what="every swap's audit streamed")
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
         assert node.num_finished + node.num_rejected == len(node.arrivals) and not node.unfinished()
