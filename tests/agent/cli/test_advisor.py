@@ -59,15 +59,19 @@ MINUTES_5 = 300.0
 
 # -- post_alert on a real agent ---------------------------------------------------------------------------------------
 class WatchingWriter(StoreWriter):
-    """A store writer that also keeps the alerts it is given (the test waits for one to be written)."""
+    """A store writer that also keeps the alerts it is given (the test waits for one to be written), and the
+    audits when given a list for them."""
 
-    def __init__(self, path: Path, alerts: list[Alert]) -> None:
+    def __init__(self, path: Path, alerts: list[Alert], audits: list[ControlAudit] | None = None) -> None:
         super().__init__(path)
         self.alerts = alerts
+        self.audits = audits
 
     def write(self, events: Any) -> None:
         super().write(events)
         self.alerts.extend(e for e in events if isinstance(e, Alert) and e.seq)
+        if self.audits is not None:
+            self.audits.extend(e for e in events if isinstance(e, ControlAudit))
 
 
 def recommendations(alerts: list[Alert]) -> list[Alert]:
@@ -81,9 +85,10 @@ def test_post_alert_needs_the_token_and_is_published_audited_and_recorded(tmp_pa
         hub = make_hub(units=2)
         async with make_server(hub) as server:
             alerts: list[Alert] = []
+            audits: list[ControlAudit] = []
             stop = asyncio.Event()
             recording = asyncio.create_task(record([server.url], db, stop=stop, flush_s=0.2,
-                                                   writer_factory=lambda p: WatchingWriter(p, alerts)))
+                                                   writer_factory=lambda p: WatchingWriter(p, alerts, audits)))
             async with open_session(server.url) as anonymous:
                 refused = await anonymous.call(PostAlert(code="recommendation", message="sarathi would do better"))
             async with open_session(server.url, token=TOKEN) as session:
@@ -91,7 +96,10 @@ def test_post_alert_needs_the_token_and_is_published_audited_and_recorded(tmp_pa
                                                       severity="warning"))
                 other = await session.call(PostAlert(code="unit_failed", message="no"))  # type: ignore[arg-type]
                 long = await session.call(PostAlert(code="recommendation", message="x" * 501))
-            await wait_for(lambda: bool(recommendations(alerts)), what="the alert written to the store")
+            # the alert and, after it in the stream (the agent publishes the audit of a post_alert after the alert
+            # itself), its audit: waiting for the alert alone could stop the recorder before the audit came
+            await wait_for(lambda: bool(recommendations(alerts)) and any(a.result == "applied" for a in audits),
+                           what="the alert and its audit written to the store")
             stop.set()
             assert await recording == 0
             return [refused, posted, other, long], list(hub.replay.since(0).events)
