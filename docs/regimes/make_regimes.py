@@ -78,36 +78,36 @@ ShareGPT-like preset's arrivals are Poisson already. Four 1B units serve the cod
 1,000 ShareGPT-like ones, arriving all at once within 2 s (no knee at 2000/50 ms): their maps take 2,000."""
 
 FINDINGS = """
-Written by hand from the tables above (the run of 2026-11-26); only what they show.
+Written by hand from the tables above (the run of 2026-11-26, 19:14 UTC, with that day's defaults: FairBatching's
+first-token anchor and step margin, EB's closed-form theta*); only what they show. The run before it (the same day,
+FairBatching with the arrival anchor as its default) had Sarathi winning most 8B cells; with the defaults changed,
+the picture is this one.
 
-- **H100 8B, code trace: Sarathi wherever arrivals come in clumps.** Sarathi wins all 25 cells won outright (the
-  other two are ties it is part of). Against vLLM's default it attains 21% to 179% more on the trace's own arrivals
-  and 36% to 75% more with CV 4 gaps, at every load from 0.8x to 1.6x its knee and under every SLO pair; vLLM's
-  default's own knee is 2.55 req/s, a third of Sarathi's 7.49, so the whole band is past it. Re-timed to
-  Poisson-like gaps at the same rate (CV 1), every policy attains at least 90% and Sarathi leads by under 2%: on
-  this trace it is the clumping of the arrivals, not their mean rate, that makes the swap pay.
-- **H100 8B, ShareGPT-like: Sarathi past the knee, by little below it.** Sarathi wins 16 of 18 cells. On the
-  Poisson arrivals its lead over vLLM's default is 0.2-1.4% at 0.8x the knee, 2-10% at 1.2x and 25-50% at 1.6x.
-  With CV 4 gaps it is 7% to 239%, except at 1.2x the knee with the 50 ms TPOT target (both TTFT targets): there
-  vLLM's default and EB+ tie at 32%, ahead of Sarathi's 28% (+17%), the only cells of the four maps where Sarathi
-  loses to the default.
-- **H100 1B: no swap.** vLLM's default and Sarathi tie in every cell of both 1B maps: the budget Sarathi derives from
-  its 50 ms TBT target on this profile is 8,192 tokens, the engine's cap, so both plan the same steps. EB+ ties them
-  in every ShareGPT-like cell; on the code trace it comes next (12-95% against their 14-100%), and FairBatching (both
-  variants) keeps 3-67%.
-- **The SLO pair moves the margins, not the choice.** The 500/50 and 2000/50 rows never disagree on whether Sarathi
-  leads (on ShareGPT-like's Poisson arrivals they are identical: the 50 ms TPOT binds, not the TTFT). Relaxing TPOT
-  to 100 ms gives Sarathi 100% attainment in every 8B cell and its largest leads over the runner-up (+173% on the
-  code trace, +232% on ShareGPT-like with CV 4, both at 1.6x the knee).
-- **Never won a cell outright:** FairBatching and FairBatching+PAB with their default (arrival) anchor, EB, static
-  batching. Static batching is second, though, on the code trace with CV 4 gaps and a 2000 ms TTFT target (65-88%
-  against vLLM's default's 57-73%).
+- **FairBatching, with or without PAB, wins or ties every cell of the four maps but one.** It is part of every tie
+  but that one and wins the rest: 6 cells outright on the 8B code map (FairBatching+PAB 5, FairBatching 1), 11 on
+  the 1B code map (all FairBatching+PAB), 2 on the 8B ShareGPT-like map (FairBatching+PAB), none on the 1B
+  ShareGPT-like map (every cell a tie). No other policy wins a cell outright. The one exception: on the 1B code map
+  at 0.8x the knee, CV 4 gaps, 500/50 ms, vLLM's default, Sarathi and EB+ tie at 99% and FairBatching+PAB follows at
+  99% (rounded).
+- **Where it pays: a strict TTFT target past the knee, or clumped arrivals.** At 500/50 ms on the 8B code trace's own
+  arrivals FairBatching+PAB attains 99%, 98%, 93% at 0.8x, 1.2x, 1.6x the knee and FairBatching 100%, 94%,
+  68%; at 2000/50 ms both FairBatching variants hold 100% where Sarathi, the best baseline, falls to 98%, 76%, 63%.
+  On the 1B code trace at 500/50 ms FairBatching+PAB leads by 88-231% (e.g. 82% against 25% at 1.2x the knee, CV 4).
+  On the 8B ShareGPT-like preset at 1.6x the knee and a 50 ms TPOT, FairBatching attains 75% against Sarathi's 16%
+  (Poisson-like arrivals); on the 1B one 64% against vLLM's default's 34%.
+- **Where it matters little: a relaxed TPOT, or Poisson-like gaps on the code trace.** With a 100 ms TPOT target
+  Sarathi ties FairBatching at 100% in every 8B cell (on the 1B profiles vLLM's default, Sarathi and EB+ tie with it
+  too, except the 1B code trace past the knee, where FairBatching+PAB leads by 3%); re-timed to CV 1 gaps, the 8B
+  code trace's cells are all ties at 100% with vLLM's default at 98-100%.
+- **Never first alone:** EB (never first at all) and static batching (tied for first in two CV 1 cells of the 8B code
+  map, where every policy but vLLM's default attains 100%).
 
-What this tells an operator, within these maps: on the 8B model, move from vLLM's default to Sarathi when arrivals
-come in clumps (the code trace, CV 4) at any load from 0.8x the knee up, or when Poisson-like traffic is past the
-knee; below the knee with Poisson-like arrivals the gain is under 2%. On the 1B model keep vLLM's default. Not
-covered: policy parameters other than the defaults (FairBatching's `anchor=first_token` and Sarathi's fixed budgets
-do better in `docs/batch-policies.md`), other dispatch policies, steady states longer than these slices, real GPUs.
+What this tells an operator, within these maps: with today's defaults, FairBatching (first-token anchor) never loses
+a cell here by more than a rounding, so it is the safe swap from vLLM's default on these H100 profiles; add PAB
+where the TTFT target is strict (500 ms) and load runs past the knee, knowing that its refusals count as misses in
+these numbers and reach clients as refusals. Not covered: policy parameters other than the defaults, other dispatch
+policies, steady states longer than these slices (seconds to a minute of arrivals), real GPUs (where FairBatching
+met 0.85-0.93 of its SLOs against the simulator's 0.95 on one window, `docs/vllm.md`).
 """
 """What the maps say, written by hand from the tables of the run recorded in the JSON files (check it against them
 after a rerun)."""
