@@ -48,7 +48,10 @@ def wire_reasons(reasons: Mapping[str, ReasonValue]) -> dict[str, ReasonValue]:
     Non-finite floats become "inf", "-inf" or "nan" (JSON has no such numbers; the policies already write
     ``"inf"`` this way); numpy scalars, which no codec encodes, become the Python value they hold.
     """
-    for value in reasons.values():
+    values = reasons.values()
+    if _PLAIN_TYPES.issuperset(map(type, values)):  # the usual case, checked without a Python loop
+        return dict(reasons)
+    for value in values:
         if type(value) is float:
             if value - value != 0.0:  # inf or nan
                 break
@@ -82,13 +85,14 @@ def _ns(duration_s: float) -> int:
 
 
 def step_event(record: StepRecord, origin: NodeOrigin) -> StepEvent:
+    """``record`` as a ``step`` event (the hub's per-step path: the times computed inline, no helper calls)."""
     return StepEvent(
         node_id=origin.node_id,
-        time_ns=origin.ns(record.start_s),
+        time_ns=origin.origin_ns + round(record.start_s * 1e9),
         unit_id=record.unit_id,
         step_id=record.step_id,
-        measured_ns=_ns(record.duration_s),
-        predicted_ns=_ns(record.predicted_s),
+        measured_ns=round(record.duration_s * 1e9),
+        predicted_ns=round(record.predicted_s * 1e9),
         mode=record.mode,
         policy=record.policy,
         num_prefill_tokens=record.num_prefill_tokens,
