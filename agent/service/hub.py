@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.placement import UnitPlacement
-from agent.runtime.control import AuditRecord, ControlIds, ControlIdUse, NodeControl
+from agent.runtime.control import AuditRecord, ControlIds, NodeControl
 from agent.runtime.events import (
     NodeOrigin,
     policy_schemas,
@@ -32,6 +34,7 @@ from agent.runtime.events import (
 )
 from agent.runtime.port import LiveNode, ServedNode, Settled
 from agent.runtime.records import MigrationRecord, RequestEventKind, RequestState
+from agent.service.audit import audit_event, repeated_control_id
 from agent.service.metrics import NodeMetrics, render
 from agent.telemetry import (
     Alert,
@@ -60,10 +63,10 @@ from agent.telemetry import (
     SetBatchPolicy,
     SetDispatchPolicy,
     SetParams,
-    Setting,
     StageBoundaries,
     Status,
     StatusInfo,
+    StepEvent,
     Subscribe,
     Subscribed,
     UnitStatus,
@@ -99,9 +102,11 @@ class Hub:
         boot_ns: int | None = None,
         settle_timeout_s: float = 10.0,
         placements: Mapping[int, UnitPlacement] | None = None,
+        max_held: int = 256,
     ) -> None:
-        if not (slack_sample_ms >= 0 and unit_load_min_interval_ms >= 0 and slack_max_requests >= 1):
-            raise ValueError("slack_sample_ms and unit_load_min_interval_ms must be >= 0, slack_max_requests >= 1")
+        if not (slack_sample_ms >= 0 and unit_load_min_interval_ms >= 0 and slack_max_requests >= 1 and max_held >= 0):
+            raise ValueError("slack_sample_ms, unit_load_min_interval_ms and max_held must be >= 0, "
+                             "slack_max_requests >= 1")
         self.node = node
         self.node_id = node_id
         self.profile = profile
@@ -125,9 +130,18 @@ class Hub:
         self.placements = dict(placements or {})
         """Where each vLLM unit runs (GPUs, parallel sizes), by unit id, for the units' description."""
         self.control = NodeControl(node, clock_ns=get_time_ns)
-        self.sequencer = Sequencer()
-        self.replay = ReplayBuffer(replay_capacity)
+        self._sequencer = Sequencer()
+        self._replay = ReplayBuffer(replay_capacity, convert=self._step_event_at)
         self.metrics = NodeMetrics()
+        """What the metrics count from the stream (steps as of the last :meth:`flush`; :meth:`metrics_text` flushes)."""
+        self.max_held = 0 if isinstance(node, LiveNode) else max_held
+        """Node events held back at most before :meth:`flush` (0: each published at once, as for a live node, whose
+        units report from the loop between the server's flushes)."""
+        self._held: list[StepRecord | Event] = []
+        """The node's events since the last flush, in order: a step as its record (converted at the flush, or when
+        first read if nobody subscribes), any other event built (from the node's state at its hook)."""
+        self._held_steps: list[StepRecord] = []
+        """The step records among them (for the metrics)."""
         self.subscriptions: dict[Subscription, Notify] = {}
         self.num_dropped_closed = 0
         """Events dropped for subscriptions that have since closed."""
@@ -176,8 +190,11 @@ class Hub:
         self.node.on_recover = self._on_recover
 
     def _on_step(self, record: StepRecord) -> None:
-        self.metrics.observe_step(record)
-        self.publish(step_event(record, self.origin))
+        held = self._held
+        held.append(record)  # a frozen record: counted by the metrics at the flush, converted then or when read
+        self._held_steps.append(record)
+        if len(held) > self.max_held:
+            self.flush()
         if self.slack_sample_ms and self.node.now_s >= self._next_sample_s:
             self._sample_slack()
 
@@ -187,7 +204,7 @@ class Hub:
         period_s = self.slack_sample_ms / 1e3
         self._next_sample_s = (math.floor(now_s / period_s) + 1) * period_s
         for unit in self.node.units:
-            self.publish(slack_sample(unit.unit_id, unit.running_views(), self.origin, now_s,
+            self._emit(slack_sample(unit.unit_id, unit.running_views(), self.origin, now_s,
                                       sample_period_ms=self.slack_sample_ms, max_requests=self.slack_max_requests))
 
     def _on_dispatch(self, dispatch_id: int, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
@@ -199,7 +216,7 @@ class Hub:
                 if last is not None and now_s - last < min_s:
                     continue
                 self._last_load_s[load.unit_id] = now_s
-            self.publish(unit_load_event(load, self.origin, now_s, dispatch_id))
+            self._emit(unit_load_event(load, self.origin, now_s, dispatch_id))
         self._on_dispatch_outcome(decision)
 
     def _on_dispatch_outcome(self, decision: DispatchDecision) -> None:
@@ -211,40 +228,40 @@ class Hub:
         layout = dispatcher.stage_layout() if cut is not None and cut != self._last_boundaries else None
         if layout is not None:
             self._last_boundaries = cut
-            self.publish(StageBoundaries(node_id=self.node_id, time_ns=now_ns, policy=dispatcher.name,
+            self._emit(StageBoundaries(node_id=self.node_id, time_ns=now_ns, policy=dispatcher.name,
                                          boundaries_tokens=layout[0], stage_unit_ids=layout[1],
                                          reason="repartition" if reasons.get("repartitioned") else "refinement"))
         resets = reasons.get("watchdog_resets")
         if isinstance(resets, int) and resets > self._watchdog_resets:
-            self.publish(Alert(node_id=self.node_id, time_ns=now_ns, code=AlertCode.WATCHDOG_RESET,
+            self._emit(Alert(node_id=self.node_id, time_ns=now_ns, code=AlertCode.WATCHDOG_RESET,
                                message=f"{dispatcher.name}: {resets - self._watchdog_resets} unit(s) reset after "
                                "no end-of-step report", num_dropped=0))
         if isinstance(resets, int):
             self._watchdog_resets = resets
         if decision.flow_control:
-            self.publish(Alert(node_id=self.node_id, time_ns=now_ns, code=AlertCode.REQUESTS_HELD,
+            self._emit(Alert(node_id=self.node_id, time_ns=now_ns, code=AlertCode.REQUESTS_HELD,
                                message=f"{dispatcher.name}: {len(decision.flow_control)} request(s) held past the "
                                "wait limit", num_dropped=len(decision.flow_control)))
 
     def _on_fault(self, unit_id: int, reason: str) -> None:
-        self.publish(Alert(node_id=self.node_id, time_ns=self.origin.ns(self.node.now_s), code=AlertCode.UNIT_FAILED,
+        self._emit(Alert(node_id=self.node_id, time_ns=self.origin.ns(self.node.now_s), code=AlertCode.UNIT_FAILED,
                            severity="error", unit_id=unit_id, message=f"unit {unit_id} failed: {reason}"))
 
     def _on_recover(self, unit_id: int, how: str) -> None:
-        self.publish(Alert(node_id=self.node_id, time_ns=self.origin.ns(self.node.now_s),
+        self._emit(Alert(node_id=self.node_id, time_ns=self.origin.ns(self.node.now_s),
                            code=AlertCode.UNIT_RESTARTED, severity="info", unit_id=unit_id,
                            message=f"unit {unit_id} is back: {how}"))
 
     def _on_migrate(self, move: MigrationRecord) -> None:
-        self.publish(request_migrated(move, self.origin))
+        self._emit(request_migrated(move, self.origin))
 
     def _on_preempt(self, record: StepRecord, request_ids: tuple[str, ...]) -> None:
         for rid in request_ids:
-            self.publish(request_preempted(record, rid, self.origin))
+            self._emit(request_preempted(record, rid, self.origin))
 
     def _on_finish(self, outcome: RequestOutcome) -> None:
         self.metrics.observe_outcome(outcome)
-        self.publish(request_finished(outcome, self.origin))
+        self._emit(request_finished(outcome, self.origin))
 
     def _on_request(self, kind: RequestEventKind, state: RequestState) -> None:
         now_ns = self.origin.ns(self.node.now_s)
@@ -272,19 +289,81 @@ class Hub:
             self.metrics.observe_first_token(state.unit_id, ttft_s)
             event = RequestFirstToken(node_id=nid, time_ns=now_ns, request_id=rid, unit_id=state.unit_id,
                                       ttft_ms=ttft_s * 1e3)
-        self.publish(event)
+        self._emit(event)
 
     # -- the stream -----------------------------------------------------------------------------------------
+    def _emit(self, event: Event) -> None:
+        """Publish a node event, after the node's events held before it (at the next :meth:`flush`)."""
+        held = self._held
+        held.append(event)
+        if len(held) > self.max_held:
+            self.flush()
+
+    def flush(self) -> None:
+        """Publish the node's events held since the last flush, in order (:attr:`max_held`).
+
+        The node's hooks hold their events (a step as its record) and this publishes them in one pass: converting,
+        numbering, buffering and offering a run of events at once costs the node's thread far less than one at a
+        time between its own work. Everything that reads the stream flushes first (:meth:`publish`, a subscription's
+        reads, :attr:`replay`, :attr:`sequencer`, :meth:`subscribe`, :meth:`status`, :meth:`metrics_text`), so what
+        anyone sees, in content, numbers and order, is what publishing each event at its hook would give; the server
+        flushes before it lets its loop run the senders (``agent.service.server``).
+        """
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        steps, self._held_steps = self._held_steps, []
+        if steps:
+            self.metrics.observe_steps(steps)
+        if not self.subscriptions and steps:
+            # nobody listens: the replay buffer keeps the records and builds their events only if they are read
+            first = self._sequencer.take(len(held))
+            for seq, item in enumerate(held, start=first):
+                if not isinstance(item, StepRecord):
+                    msgspec.structs.force_setattr(item, "seq", seq)
+            self._replay.append_deferred(held, first)
+            return
+        origin = self.origin
+        self._publish_all([step_event(item, origin) if isinstance(item, StepRecord) else item for item in held])
+
+    def _step_event_at(self, record: StepRecord, seq: int) -> StepEvent:
+        """A held step record as its event, numbered ``seq`` (what :meth:`flush` builds, later)."""
+        event = step_event(record, self.origin)
+        msgspec.structs.force_setattr(event, "seq", seq)
+        return event
+
+    def _publish_all(self, events: list[Event]) -> None:
+        """Number freshly built ``events`` in place, keep them for resumes, offer them to every subscription, and
+        notify each subscription that took any, once."""
+        stamp = self._sequencer.stamp_new
+        append = self._replay.append
+        for event in events:
+            append(stamp(event))
+        for sub, notify in self.subscriptions.items():
+            if sub.offer_many(events):
+                notify()
+
     def publish(self, event: Event) -> None:
-        """Number ``event``, keep it for resumes and offer it to every subscription (never blocks).
+        """Number ``event``, keep it for resumes and offer it to every subscription (never blocks), after the node's
+        events held so far (:meth:`flush`).
 
         ``event`` must be freshly built (every caller converts a record just before): it is numbered in place.
         """
-        stamped = self.sequencer.stamp_new(event)
-        self.replay.append(stamped)
-        for sub, notify in self.subscriptions.items():
-            if sub.offer(stamped):
-                notify()
+        self.flush()
+        self._publish_all([event])
+
+    @property
+    def replay(self) -> ReplayBuffer:
+        """The stream's last events, for resumes (flushed: up to date)."""
+        self.flush()
+        return self._replay
+
+    @property
+    def sequencer(self) -> Sequencer:
+        """Numbers the stream's events (flushed: its ``last_seq`` is the last event's)."""
+        self.flush()
+        return self._sequencer
 
     def subscribe(
         self, request: Subscribe, notify: Notify, *, who: str = "unknown"
@@ -302,6 +381,7 @@ class Hub:
         refused = self._read_refusal(request, who)
         if refused is not None:
             return None, refused, None
+        self.flush()
         sub = Subscription.from_request(request, self.node_id, max_queued=self.max_queued,
                                         get_time_ns=self._get_time_ns)
         num_replayed = 0
@@ -313,17 +393,21 @@ class Hub:
                 num_replayed = sub.replay_from(self.replay, position)
             except ResumeError as exc:
                 return None, ErrorReply(control_id=request.control_id, code=exc.code, message=str(exc)), None
+        sub.before_read = self.flush
         self.subscriptions[sub] = notify
         reply = OkReply(control_id=request.control_id, payload=Subscribed(
             last_seq=self.replay.last_seq, num_replayed=num_replayed, resumed_after_seq=position))
         return sub, reply, position
 
     def unsubscribe(self, sub: Subscription) -> None:
+        self.flush()
+        sub.before_read = None
         if self.subscriptions.pop(sub, None) is not None:
             self.num_dropped_closed += sub.num_dropped
 
     @property
     def num_dropped(self) -> int:
+        self.flush()
         return self.num_dropped_closed + sum(s.num_dropped for s in self.subscriptions)
 
     # -- reads ----------------------------------------------------------------------------------------------
@@ -365,6 +449,7 @@ class Hub:
                 "instance_size": len(groups[0]) if instances else 0}
 
     def status(self) -> StatusInfo:
+        self.flush()
         return StatusInfo(
             node_id=self.node_id, dispatch_policy=self.node.dispatcher.name,
             dispatch_params=dict(self.node.dispatcher.params), units=self.unit_statuses(),
@@ -373,6 +458,7 @@ class Hub:
         )
 
     def metrics_text(self) -> str:
+        self.flush()
         return render(self.node, self.metrics, model_name=self.profile, num_dropped=self.num_dropped,
                       num_subscribers=len(self.subscriptions), num_slow_dropped=self.num_slow_dropped)
 
@@ -442,7 +528,7 @@ class Hub:
         now_ns = self._get_time_ns()
         first = self.control_ids.first_use(cid, now_ns)
         if first is not None:
-            return self._refuse(request, who, ErrorCode.DUPLICATE_CONTROL_ID, _repeated(cid, first, now_ns))
+            return self._refuse(request, who, ErrorCode.DUPLICATE_CONTROL_ID, repeated_control_id(cid, first, now_ns))
         use = self.control_ids.use(cid, now_ns)
         try:
             return self._execute(request, who)
@@ -508,49 +594,3 @@ class Hub:
                                severity=request.severity, message=request.message))
             return record
         raise TypeError(f"not a control action: {type(request).__name__}")
-
-
-def audit_event(record: AuditRecord, node_id: str, control_id: str) -> ControlAudit:
-    """An :class:`AuditRecord` as a stream event (settings per target; see ``NodeControl`` for the shapes)."""
-    old: list[Setting] = []
-    new: list[Setting] = []
-    targets: list[int | None] = list(record.unit_ids) or [None]
-    if not (record.old or record.new) or record.action == "post_alert":
-        pass  # refused before it ran (NodeControl.refuse), or an alert posted: no settings to show
-    elif record.action == "set_batch_policy":
-        old = [_setting(int(uid), v) for uid, v in record.old.items()]
-        new = [_setting(uid, record.new) for uid in targets]
-    elif record.action == "set_dispatch_policy":
-        old = [_setting(None, record.old)] if record.old else []
-        new = [_setting(None, record.new)]
-    elif record.action == "set_params":
-        old = [Setting(unit_id=None if k == "dispatch" else int(k), params=dict(v)) for k, v in record.old.items()]
-        new = [Setting(unit_id=uid, params=dict(record.new)) for uid in targets]
-    else:
-        if record.old:
-            old = [Setting(unit_id=targets[0], mode=record.old["mode"])]
-        mode = record.new.get("mode")
-        new = [Setting(unit_id=targets[0], mode=mode if mode in ("active", "draining", "paused", "failed") else None)]
-    return ControlAudit(
-        node_id=node_id, time_ns=record.time_ns, actor=record.who, control_id=control_id,
-        action=record.action,
-        unit_ids=record.unit_ids, old=tuple(old), new=tuple(new),
-        result=record.result,  # type: ignore[arg-type]
-        error_code=record.error_code or "", message=record.error or record.note or "",
-    )
-
-
-def _repeated(control_id: str, first: ControlIdUse, now_ns: int) -> str:
-    """Why a repeated ``control_id`` is refused, and where its first use's outcome is."""
-    ago = f"{max(0, now_ns - first.time_ns) / 1e9:.1f} s ago"
-    if first.result:
-        seq = f" (its audit event: seq {first.audit_seq})" if first.audit_seq else ""
-        outcome = f"that one was {first.result.replace('_', ' ')}{seq}"
-    else:
-        outcome = "that one is still being carried out (its audit event follows on the stream)"
-    return (f"control_id {control_id!r} was used {ago}, nothing was done again: {outcome}; a retry after a lost "
-            "reply finds its outcome there, a new request needs a new control_id")
-
-
-def _setting(unit_id: int | None, value: Mapping[str, Any]) -> Setting:
-    return Setting(unit_id=unit_id, policy=str(value.get("policy", "")), params=dict(value.get("params", {})))

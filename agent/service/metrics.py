@@ -97,6 +97,26 @@ class NodeMetrics:
         self.num_generation_tokens[uid] = self.num_generation_tokens.get(uid, 0) + record.num_decode_tokens
         self.num_preemptions[uid] = self.num_preemptions.get(uid, 0) + record.num_preempted
 
+    def observe_steps(self, records: Iterable[StepRecord]) -> None:
+        """:meth:`observe_step` for each of ``records`` (the hub's flush: one pass over a run of steps)."""
+        step_s, prompt, generation, preemptions = (self.step_s, self.num_prompt_tokens, self.num_generation_tokens,
+                                                   self.num_preemptions)
+        num_buckets = len(STEP_BUCKETS_S)
+        for record in records:
+            uid = record.unit_id
+            hist = step_s.get(uid)
+            if hist is None:
+                hist = step_s[uid] = _Histogram(STEP_BUCKETS_S)
+            value = record.duration_s
+            hist.total += value
+            hist.count += 1
+            i = bisect_left(STEP_BUCKETS_S, value)  # as _Histogram.observe
+            if i < num_buckets:
+                hist.counts[i] += 1
+            prompt[uid] = prompt.get(uid, 0) + record.num_prefill_tokens
+            generation[uid] = generation.get(uid, 0) + record.num_decode_tokens
+            preemptions[uid] = preemptions.get(uid, 0) + record.num_preempted
+
     def observe_first_token(self, unit_id: int, ttft_s: float) -> None:
         """A request's first token on ``unit_id``, ``ttft_s`` after it arrived."""
         _histogram(self.ttft_s, unit_id, TTFT_BUCKETS_S).observe(ttft_s)

@@ -264,15 +264,18 @@ class AgentServer:
         gc_cm = GcController() if self.gc_control else contextlib.nullcontext(None)
         with gc_cm as gc:
             slice_end = loop.time() + self.slice_s
+            flush = self.hub.flush  # the hub holds the node's events until then (Hub.flush): before every await
             while not self._stopping:
                 t = node.next_event_s()
                 if t is None:
+                    flush()
                     if not node.unfinished():
                         self.workload_done.set()
                     await self._sleep(None)
                     continue
                 gap = self.clock.seconds_until(t)
                 if gap > 0:
+                    flush()
                     if gc is not None:
                         gc.before_wait(gap)
                     await self._sleep(gap)
@@ -281,6 +284,7 @@ class AgentServer:
                 node.advance(t)
                 self.num_events_processed += 1
                 if loop.time() >= slice_end:
+                    flush()
                     await asyncio.sleep(0)  # let connections and senders run
                     slice_end = loop.time() + self.slice_s
 

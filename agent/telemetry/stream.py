@@ -17,9 +17,9 @@ from __future__ import annotations
 import hmac
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -73,6 +73,13 @@ class Sequencer:
         self._next += 1
         return event
 
+    def take(self, num: int) -> int:
+        """Give the next ``num`` numbers to entries that carry none yet (:meth:`ReplayBuffer.append_deferred`); the
+        first of them."""
+        first = self._next
+        self._next += num
+        return first
+
 
 @dataclass(frozen=True, slots=True)
 class Replay:
@@ -93,13 +100,20 @@ class ReplayBuffer:
     Events must arrive with consecutive sequence numbers, so a position maps to a slot of the ring without a
     search: :meth:`get` is O(1), which lets every resuming subscriber read the one shared buffer through its own
     :class:`ReplayCursor` instead of copying the events it has yet to send.
+
+    With ``convert``, the buffer may also hold *deferred* entries (:meth:`append_deferred`): something that is not
+    an event yet (the hub's step records while nobody subscribes), turned into its event by ``convert(entry, seq)``
+    the first time it is read, and kept as that event from then on. Every read returns events only.
     """
 
-    def __init__(self, capacity: int, *, first_seq: int = 1) -> None:
+    def __init__(
+        self, capacity: int, *, first_seq: int = 1, convert: Callable[[Any, int], Event] | None = None
+    ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
-        self._ring: list[Event] = []
+        self._convert = convert
+        self._ring: list[Any] = []
         """Event ``seq`` lives at ``(seq - first_seq) % capacity`` (the list grows to ``capacity``, then wraps)."""
         self._first_seq = first_seq
         self._last_seq = first_seq - 1
@@ -128,11 +142,34 @@ class ReplayBuffer:
             ring[(seq - self._first_seq) % self.capacity] = event
         self._last_seq = seq
 
+    def append_deferred(self, entries: list[Any], first_seq: int) -> None:
+        """Keep ``entries`` as the events ``first_seq``, ``first_seq + 1``, ... without building them: each becomes
+        its event (``convert``) when first read. Entries must not be events."""
+        if self._convert is None:
+            raise ValueError("a buffer without convert holds events only")
+        if first_seq != self._last_seq + 1:
+            raise ValueError(f"expected seq {self._last_seq + 1}, got {first_seq}")
+        ring, cap, num = self._ring, self.capacity, len(entries)
+        room = min(cap - len(ring), num)  # as append: the list grows to capacity, then wraps
+        if room > 0:
+            ring += entries[:room]
+        for k in range(max(room, 0), num):
+            ring[(first_seq + k - self._first_seq) % cap] = entries[k]
+        self._last_seq += num
+
     def get(self, seq: int) -> Event:
         """The buffered event ``seq`` (``oldest_seq <= seq <= last_seq``, else IndexError)."""
         if not self.oldest_seq <= seq <= self._last_seq:
             raise IndexError(f"seq {seq} is not buffered ({self.oldest_seq}..{self._last_seq})")
-        return self._ring[(seq - self._first_seq) % self.capacity]
+        return self._event((seq - self._first_seq) % self.capacity, seq)
+
+    def _event(self, slot: int, seq: int) -> Event:
+        """The event in ``slot`` (which holds ``seq``), built now from a deferred entry."""
+        entry = self._ring[slot]
+        if isinstance(entry, EventBase) or self._convert is None:
+            return entry  # type: ignore[no-any-return]
+        event = self._ring[slot] = self._convert(entry, seq)
+        return event
 
     def read(self, first_seq: int, limit: int, wants: Callable[[Event], bool] | None = None) -> tuple[list[Event], int]:
         """The first ``limit`` buffered events at most from ``first_seq`` on that ``wants`` accepts (all without it),
@@ -145,12 +182,14 @@ class ReplayBuffer:
             end = min(last, first_seq + limit - 1)
             if end < first_seq:
                 return [], first_seq
+            if self._convert is not None:  # deferred entries become their events
+                return [self._event((seq - base) % cap, seq) for seq in range(first_seq, end + 1)], end + 1
             i, j = (first_seq - base) % cap, (end - base) % cap
             return (ring[i:j + 1] if i <= j else ring[i:] + ring[:j + 1]), end + 1
         out: list[Event] = []
         seq = first_seq
         while seq <= last and len(out) < limit:
-            event = ring[(seq - base) % cap]
+            event = self._event((seq - base) % cap, seq)
             seq += 1
             if wants(event):
                 out.append(event)
@@ -283,6 +322,9 @@ class Subscription:
         """Events dropped over the subscription's life."""
         self.num_delivered = 0
         self._cursor: ReplayCursor | None = None
+        self.before_read: Callable[[], None] | None = None
+        """Called before anything reads the subscription (its frames, its length): a source that holds events back to
+        offer them in runs (the hub, ``Hub.flush``) offers the ones it holds, so a reader never sees fewer."""
 
     @classmethod
     def from_request(
@@ -296,6 +338,8 @@ class Subscription:
     def __len__(self) -> int:
         """Frames waiting for the sender (queued events and notices; a resume's buffered events still to read count
         before the filter, and one for a gap they may have)."""
+        if self.before_read is not None:
+            self.before_read()
         waiting = len(self._queue) + len(self._notices) + (1 if self._drop_count else 0)
         cursor = self._cursor
         if cursor is not None:
@@ -305,6 +349,8 @@ class Subscription:
     @property
     def num_queued(self) -> int:
         """Events in the live queue (what the subscription holds; a resume still to read is the buffer's)."""
+        if self.before_read is not None:
+            self.before_read()
         return len(self._queue)
 
     @property
@@ -338,6 +384,19 @@ class Subscription:
         self._queue.append(event)
         return True
 
+    def offer_many(self, events: Sequence[Event]) -> bool:
+        """:meth:`offer` each of ``events`` in order; True when the filter wanted any. Without a filter, a resume or
+        a drop to make, the whole run is queued at once."""
+        if (self.kinds is None and self.unit_ids is None and self._cursor is None
+                and len(self._queue) + len(events) <= self.max_queued):
+            self._queue.extend(events)
+            return bool(events)
+        took = False
+        for event in events:
+            if self.offer(event):
+                took = True
+        return took
+
     def replay_from(self, buffer: ReplayBuffer, after_seq: int) -> int:
         """Stream the buffered events after ``after_seq`` before live ones, read from ``buffer`` as they are sent (a
         ``gap`` notice first when some are no longer buffered); the number of frames that makes now (events the
@@ -365,6 +424,8 @@ class Subscription:
 
     def pop(self) -> Event | None:
         """The next frame for this subscriber, or None when there is nothing to send."""
+        if self.before_read is not None:
+            self.before_read()
         if self._cursor is not None:
             replayed = self._replayed(1)
             if replayed:
@@ -388,6 +449,8 @@ class Subscription:
 
     def pop_many(self, limit: int) -> list[Event]:
         """The next ``limit`` frames at most, in the order :meth:`pop` gives them (one call per batch frame)."""
+        if self.before_read is not None:
+            self.before_read()
         out: list[Event] = self._replayed(limit) if self._cursor is not None else []
         while len(out) < limit and (self._notices or self._drop_count):
             notice = self.pop()
