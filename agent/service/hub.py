@@ -135,8 +135,8 @@ class Hub:
         self.metrics = NodeMetrics()
         """What the metrics count from the stream (steps as of the last :meth:`flush`; :meth:`metrics_text` flushes)."""
         self.max_held = 0 if isinstance(node, LiveNode) else max_held
-        """Node events held back at most before :meth:`flush` (0: each published at once, as for a live node, whose
-        units report from the loop between the server's flushes)."""
+        """Node events held back at most before :meth:`flush` (0: each published at once, and built even while nobody
+        subscribes; a live node's, whose units report from the loop between the server's flushes)."""
         self._held: list[StepRecord | Event] = []
         """The node's events since the last flush, in order: a step as its record (converted at the flush, or when
         first read if nobody subscribes), any other event built (from the node's state at its hook)."""
@@ -316,8 +316,9 @@ class Hub:
         steps, self._held_steps = self._held_steps, []
         if steps:
             self.metrics.observe_steps(steps)
-        if not self.subscriptions and steps:
+        if steps and not self.subscriptions and self.max_held:
             # nobody listens: the replay buffer keeps the records and builds their events only if they are read
+            # (a live node's hub, max_held 0, builds them at once, as its engines' records are not ours)
             first = self._sequencer.take(len(held))
             for seq, item in enumerate(held, start=first):
                 if not isinstance(item, StepRecord):
