@@ -13,6 +13,7 @@ from serve_harness import TOKEN
 from agent.bench.runner import BenchConfig
 from agent.cli.serve import make_node
 from agent.engine.base import StepRecord
+from agent.runtime.node import Node
 from agent.service.hub import Hub
 from agent.telemetry import Event, OkReply, PauseUnit, ResumeUnit, SetBatchPolicy, StepEvent, Subscribe
 from agent.telemetry.stream import ReplayBuffer, Sequencer, Subscription
@@ -47,6 +48,7 @@ def wire(events: list[Event]) -> list[bytes]:
 def times(hub: Hub) -> Iterator[float]:
     """The node's event times, a control action between two of them now and then."""
     node = hub.node
+    assert isinstance(node, Node)
     for i in range(10**9):
         t = node.next_event_s()
         if t is None:
