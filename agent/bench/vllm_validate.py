@@ -148,9 +148,9 @@ def _start(unit: VllmUnit) -> float:
 
 
 async def part_throughput(args: argparse.Namespace, async_sched: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"runs": [], "async_scheduling": async_sched}
+    out: dict[str, Any] = {"runs": [], "async_scheduling": async_sched, "rounds": args.rounds}
     work = sharegpt_like()
-    for plain in (True, False):
+    for rnd, plain in itertools.product(range(args.rounds), (True, False)):
         opts = EngineOptions(model=args.model_8b, load_format="dummy", gpu_memory_utilization=0.9,
                              async_scheduling=async_sched, plain=plain, enforce_eager=args.eager)
         unit = VllmUnit(0, opts, UnitSettings(policy="vllm", coefficients=profile_coefs(PROFILES["8b"])),
@@ -160,11 +160,12 @@ async def part_throughput(args: argparse.Namespace, async_sched: bool) -> dict[s
         label = "plain" if plain else "trackside-vllm"
         summary, res = await _run([unit], "round_robin", work, SLO_8B, f"throughput-{label}")
         summary["engine_start_s"] = round(start_s, 1)
+        summary["round"] = rnd
         if not plain:
             summary["sim_check"] = mape(res.raw[0], profile_coefs(PROFILES["8b"]))
         out["runs"].append(summary)
         _save(out)
-        if not plain and not async_sched and not args.skip_slo:
+        if not plain and not async_sched and not args.skip_slo and rnd == 0:
             bursty = parse_workload(BURSTY_8B, seed=0)
             for policy in ("vllm", "fairbatching"):
                 # An idle engine schedules nothing: the swap applies at the first step of the run.
@@ -183,9 +184,13 @@ async def part_throughput(args: argparse.Namespace, async_sched: bool) -> dict[s
         del unit
         gc.collect()
         await asyncio.sleep(2)
-    plain_tps = out["runs"][0]["output_tok_s"]
-    ours = next(r for r in out["runs"] if r["label"] == "throughput-trackside-vllm")["output_tok_s"]
-    out["trackside_over_plain"] = round(ours / plain_tps, 4) if plain_tps else None
+    ratios = []
+    for rnd in range(args.rounds):
+        tps = {r["label"]: r["output_tok_s"] for r in out["runs"] if r.get("round") == rnd}
+        plain_tps = tps.get("throughput-plain")
+        ours = tps.get("throughput-trackside-vllm")
+        ratios.append(round(ours / plain_tps, 4) if plain_tps and ours else None)
+    out["trackside_over_plain"] = ratios[0] if args.rounds == 1 else ratios
     return out
 
 
@@ -436,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
     ap.add_argument("--skip-slo", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1, help="sync/async: rounds of plain then trackside, each on a fresh "
+                    "engine (the ratio per round)")
     ap.add_argument("--fake", action="store_true", help="CPU: tiny model, fake executor (smoke test of the path)")
     ap.add_argument("--tune-sarathi", action="store_true", help="the papers part: also run Sarathi with its token "
                     "budget tuned in the simulator on the same window (seed 003's tuned baseline)")
