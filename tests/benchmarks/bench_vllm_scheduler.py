@@ -14,7 +14,8 @@ is the median step after 20 warm-up steps, and the table shows the median over t
 - ``us/step``: the whole step (vLLM's own: its scheduler alone; ours: its scheduler with the policy inside);
 - ``ratio``: ours / vLLM's own in the same repeat (issue #21 item 5's target: at most 1.10);
 - ``plan``: the policy's decision alone (``plan()``, p50 over the run's steps) as a share of vLLM's own step in
-  that repeat (item 5's target: at most 5%).
+  that repeat (item 5's target: at most 5%); ``native`` where vLLM's own scheduler decides (the ``vllm`` policy
+  with its defaults: ``PolicySchedulerMixin._ts_native``), so no ``plan()`` runs.
 """
 
 from __future__ import annotations
@@ -88,20 +89,23 @@ def main() -> int:
     for running, waiting in args.shapes:
         shape = Shape(max_num_batched_tokens=8192, max_num_seqs=running, num_blocks=200_000, max_model_len=16384)
         base: list[float] = []
-        ours: dict[str, list[tuple[float, float, float, float]]] = {p: [] for p in policies}
+        ours: dict[str, list[tuple[float, float, float | None, float | None]]] = {p: [] for p in policies}
         for _ in range(args.repeats):
             b, _ = run(make_scheduler(Scheduler, shape), running, waiting, args.steps)
             base.append(b)
             for policy in policies:
                 sched = make_scheduler(PolicyScheduler, shape, {KEY: UnitSettings(policy=policy).as_config()})
                 us, plan_us = run(sched, running, waiting, args.steps)
-                ours[policy].append((us, us / b, plan_us or 0.0, (plan_us or 0.0) / b))
+                ours[policy].append((us, us / b, plan_us, None if plan_us is None else plan_us / b))
         label = f"{running}x{waiting}"
         print(f"{label:>9} {'vLLM Scheduler':18} {statistics.median(base):8.0f}")
         for policy in policies:
             rows = ours[policy]
             us = statistics.median(r[0] for r in rows)
             ratio = statistics.median(r[1] for r in rows)
+            if any(r[2] is None for r in rows):  # vLLM's own scheduler decided (a native step: no plan() called)
+                print(f"{label:>9} {policy:18} {us:8.0f} {ratio:6.3f} {'native':>8} {'-':>6}", flush=True)
+                continue
             plan_us = statistics.median(r[2] for r in rows)
             share = statistics.median(r[3] for r in rows)
             print(f"{label:>9} {policy:18} {us:8.0f} {ratio:6.3f} {plan_us:8.1f} {share * 100:5.1f}%", flush=True)

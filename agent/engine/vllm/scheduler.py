@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from itertools import filterfalse
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -56,6 +57,7 @@ from agent.engine.vllm.config import UnitSettings, unit_settings
 from agent.engine.vllm.messages import ControlReply, ControlRequest, FrameError, Ping, SetParams, SetPolicy, StepMessage
 from agent.plugins import load_plugins
 from policies.base import BatchPolicy
+from policies.batch.vllm_default import VllmDefault
 from policies.cost.fit import OnlineStepModel
 from policies.cost.step_model import StepCoefficients
 from policies.params import ParamError, ParamValue
@@ -64,6 +66,9 @@ from policies.types import RequestView, StepFeedback, StepMode, StepPlan, UnitVi
 
 log = logging.getLogger(__name__)
 _new_tuple = tuple.__new__
+_REQUEST_ID = operator.attrgetter("request_id")
+_FIRST = operator.itemgetter(0)
+_COMPUTED = operator.attrgetter("num_computed_tokens")
 
 DEFAULT_COEFFICIENTS = StepCoefficients(9.11e-3, 24.0e-6, 43.9e-9)
 """H100, Llama-3.1-8B, CUDA graphs (``shared/calibration``): the prior when a unit names none."""
@@ -114,8 +119,13 @@ class PolicySchedulerMixin:
     need_mamba_block_aligned_split: bool
     kv_cache_manager: Any
     cache_config: Any
+    scheduler_config: Any
     vllm_config: Any
     policy: Any
+
+    ts_native_steps = True
+    """Let vLLM's own scheduler decide the steps of the ``vllm`` policy with its defaults (:meth:`_ts_native`). The
+    tests turn it off on an instance to check that the policy itself reproduces vLLM."""
 
     def _ts_setup(self) -> None:
         if self.need_mamba_block_aligned_split:
@@ -141,13 +151,13 @@ class PolicySchedulerMixin:
         """request id -> (TTFT SLO, TPOT SLO, arrival): ``extra_args`` ``ttft_slo_s``, ``tpot_slo_s``, ``arrival_s``
         (the time the request reached the agent, so that its wait at the dispatcher counts against its slack)."""
         self.ts_first_token: dict[str, float] = {}
-        self.ts_views: dict[str, tuple[tuple[int, int, int, int, bool], RequestView]] = {}
-        """Each request's last view and the state it was built from (rebuilt only when that changed)."""
         self.ts_queued_tokens = 0
         self.ts_decoding: set[str] = set()
         """The running requests that decode in the step being planned (built with the view)."""
         self.ts_waiting_prev: tuple[tuple[Any, ...], tuple[RequestView, ...]] = ((), ())
         self.ts_pending: dict[int, _Pending] = {}
+        self.ts_finishing: dict[str, tuple[int, int]] | None = None
+        """While vLLM applies a step's output: the requests that finished in it (their output and prompt lengths)."""
         self.ts_step_index = 0
         self.ts_last_output_s: float | None = None
         self.ts_busy_until = 0.0
@@ -160,65 +170,75 @@ class PolicySchedulerMixin:
         self.ts_paused = False
 
     # -- the policy's view ------------------------------------------------------------------------
-    def _ts_request_view(self, r: Any, first_token: dict[str, float]) -> RequestView:
-        rid = r.request_id
-        placeholders = r.num_output_placeholders
-        raw_outputs = r.num_output_tokens
-        computed = r.num_computed_tokens
-        key = (computed, raw_outputs, placeholders, r.num_preemptions, rid in first_token)
-        cached = self.ts_views.get(rid)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        slo = self.ts_slo.get(rid)
-        if slo is None:
-            extra = r.sampling_params.extra_args if r.sampling_params is not None else None
-            s = self.ts_settings
-            if extra:
-                slo = (float(extra.get("ttft_slo_s", s.ttft_slo_s)), float(extra.get("tpot_slo_s", s.tpot_slo_s)),
-                       float(extra.get("arrival_s", r.arrival_time)))
-            else:
-                slo = (s.ttft_slo_s, s.tpot_slo_s, r.arrival_time)
-            self.ts_slo[rid] = slo
-        outputs = raw_outputs + placeholders
-        prompt = r.num_prompt_tokens
-        if placeholders > 0 and computed + 2 - placeholders >= prompt + r.max_tokens:
-            # Async scheduling: its last token is already in flight; vLLM skips it (nothing left to compute).
-            computed = prompt + outputs
-        first = first_token.get(rid)
-        if first is None and placeholders > 0 and raw_outputs == 0:
-            # Async scheduling: its first token is in flight, out when the step in flight ends, which is when the
-            # step being planned starts (``ts_plan_now``). Without this its next token's deadline would still be
-            # its TTFT envelope's (seconds away), so a slack-spending policy would hold it back a whole step.
-            first = self.ts_plan_now
-        # RequestView(...) without the named tuple's Python-level __new__ (this runs for every running request).
-        view = _new_tuple(RequestView, (rid, slo[2], prompt, computed, outputs, slo[0], slo[1], first, key[3]))
-        self.ts_views[rid] = (key, view)
-        return view
+    def _ts_slo_of(self, r: Any) -> tuple[float, float, float]:
+        """A request's (TTFT SLO, TPOT SLO, arrival), read once from its ``extra_args`` and kept."""
+        extra = r.sampling_params.extra_args if r.sampling_params is not None else None
+        s = self.ts_settings
+        if extra:
+            slo = (float(extra.get("ttft_slo_s", s.ttft_slo_s)), float(extra.get("tpot_slo_s", s.tpot_slo_s)),
+                   float(extra.get("arrival_s", r.arrival_time)))
+        else:
+            slo = (s.ttft_slo_s, s.tpot_slo_s, r.arrival_time)
+        self.ts_slo[r.request_id] = slo
+        return slo
 
-    def _ts_view(self) -> UnitView:
-        ft = self.ts_first_token
-        view = self._ts_request_view
+    def _ts_views(self, requests: Any) -> tuple[list[RequestView], set[str]]:
+        """The policy's views of ``requests`` (running or waiting, in order), and which of them decode in the step
+        being planned. Built afresh each time: a decoding request's view changes every step (this runs for every
+        running request every step), and the waiting requests' views are kept while their queue is unchanged."""
+        ft = self.ts_first_token.get
+        slo_of = self.ts_slo.get
+        plan_now = self.ts_plan_now
+        new = _new_tuple
+        views: list[RequestView] = []
+        decoding: set[str] = set()
+        for r in requests:
+            rid = r.request_id
+            slo = slo_of(rid)
+            if slo is None:
+                slo = self._ts_slo_of(r)
+            placeholders = r.num_output_placeholders
+            raw_outputs = r.num_output_tokens
+            computed = r.num_computed_tokens
+            prompt = r.num_prompt_tokens
+            outputs = raw_outputs + placeholders
+            first = ft(rid)
+            if placeholders > 0:
+                if computed + 2 - placeholders >= prompt + r.max_tokens:
+                    # Async scheduling: its last token is already in flight; vLLM skips it (nothing left to compute).
+                    computed = prompt + outputs
+                if first is None and raw_outputs == 0:
+                    # Async scheduling: its first token is in flight, out when the step in flight ends, which is
+                    # when the step being planned starts (``ts_plan_now``). Without this its next token's deadline
+                    # would still be its TTFT envelope's (seconds away), so a slack-spending policy would hold it
+                    # back a whole step.
+                    first = plan_now
+            # RequestView(...) without the named tuple's Python-level __new__.
+            views.append(new(RequestView, (rid, slo[2], prompt, computed, outputs, slo[0], slo[1], first,
+                                           r.num_preemptions)))
+            if outputs > 0 and prompt + outputs - computed == 1:  # RequestView.is_decode, inlined
+                decoding.add(rid)
+        return views, decoding
+
+    def _ts_waiting(self) -> tuple[RequestView, ...]:
+        """The waiting requests' views (skipped ones first, as vLLM looks at them), rebuilt only when the queue
+        changed; the queued prefill tokens with them (``ts_queued_tokens``)."""
         queue = (*self.skipped_waiting, *self.waiting)
         prev = self.ts_waiting_prev
         if len(queue) == len(prev[0]) and all(map(operator.is_, queue, prev[0])):
             # The same requests in the same order: waiting requests compute nothing, so their views hold.
-            waiting = prev[1]
-        else:
-            waiting = tuple(view(r, ft) for r in queue)
-            queued = 0
-            for w in waiting:
-                queued += w.prompt_tokens + w.output_tokens - w.computed_tokens
-            self.ts_queued_tokens = queued
-            self.ts_waiting_prev = (queue, waiting)
-        running: list[RequestView] = []
-        decoding: set[str] = set()
-        for r in self.running:
-            v = view(r, ft)
-            running.append(v)
-            outputs = v[4]
-            if outputs > 0 and v[2] + outputs - v[3] == 1:  # RequestView.is_decode, inlined
-                decoding.add(v[0])
-        self.ts_decoding = decoding
+            return prev[1]
+        waiting = tuple(self._ts_views(queue)[0])
+        queued = 0
+        for w in waiting:
+            queued += w.prompt_tokens + w.output_tokens - w.computed_tokens
+        self.ts_queued_tokens = queued
+        self.ts_waiting_prev = (queue, waiting)
+        return waiting
+
+    def _ts_view(self) -> UnitView:
+        waiting = self._ts_waiting()
+        running, self.ts_decoding = self._ts_views(self.running)
         return UnitView(
             unit_id=self.ts_unit_id,
             step_index=self.ts_step_index,
@@ -233,6 +253,17 @@ class PolicySchedulerMixin:
             cost=self.ts_cost.coefficients,
             mixed_interference=self.ts_settings.mixed_interference,
         )
+
+    def _ts_native_scan(self) -> None:
+        """What a native step (:meth:`_ts_native`) needs of the views: the decoding requests (for its record) and
+        the queued prefill tokens, without a view of any running request."""
+        self._ts_waiting()
+        decoding: set[str] = set()
+        for r in self.running:
+            outputs = r.num_output_tokens + r.num_output_placeholders
+            if outputs > 0 and r.num_prompt_tokens + outputs - r.num_computed_tokens == 1:
+                decoding.add(r.request_id)
+        self.ts_decoding = decoding
 
     # -- vLLM's hooks -----------------------------------------------------------------------------
     def _mamba_block_aligned_split(self, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> int:
@@ -253,20 +284,25 @@ class PolicySchedulerMixin:
             if ahead > 0.0:
                 now += ahead
         self.ts_plan_now = now
-        view = self._ts_view()
-        plan = self.ts_policy.plan(view, now)
-        plan_s = time.perf_counter() - t0
-        out = self._ts_enforce(plan, view, *args, **kwargs)
+        if self._ts_native():
+            running_before = len(self.running)
+            waiting_before = len(self.waiting) + len(self.skipped_waiting)
+            self._ts_native_scan()
+            plan_s = time.perf_counter() - t0
+            out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+            plan = self._ts_native_plan(out, running_before, waiting_before)
+        else:
+            view = self._ts_view()
+            plan = self.ts_policy.plan(view, now)
+            plan_s = time.perf_counter() - t0
+            out = self._ts_enforce(plan, *args, **kwargs)
         scheduled = out.num_scheduled_tokens
         if scheduled:
             self.ts_step_index += 1
             decodes = self.ts_decoding
             # Each scheduled request's context after the step: vLLM's ``_update_after_schedule`` has advanced its
             # ``num_computed_tokens`` by the tokens scheduled.
-            requests = self.requests
-            ctx = 0
-            for rid in scheduled:
-                ctx += requests[rid].num_computed_tokens
+            ctx = sum(map(_COMPUTED, map(self.requests.__getitem__, scheduled)))
             predicted = self.ts_cost.predict_s(sum(scheduled.values()), ctx)
             t_ret = time.perf_counter()
             busy = self.ts_busy_until
@@ -274,15 +310,40 @@ class PolicySchedulerMixin:
             self.ts_pending[id(out)] = _Pending(self.ts_step_index, plan, decodes, predicted, t_ret, plan_s, ctx)
         return out
 
-    def _ts_enforce(self, plan: StepPlan, view: UnitView, *args: Any, **kwargs: Any) -> Any:
+    def _ts_native(self) -> bool:
+        """Whether vLLM's own scheduler decides this step: the policy is ``vllm`` (vLLM's default) with its
+        defaults, which it reproduces step by step (``tests/agent/engine/test_vllm_scheduler.py``), so a native
+        step builds no view of a running request, asks no plan and sets no caps: the same decisions for a
+        fraction of the CPU on the engine's critical path (docs/benchmarks.md)."""
+        policy = self.ts_policy
+        return (self.ts_native_steps and type(policy) is VllmDefault and not policy.budget_cap
+                and policy.threshold == self.scheduler_config.long_prefill_token_threshold)
+
+    def _ts_native_plan(self, out: Any, running_before: int, waiting_before: int) -> StepPlan:
+        """A native step's plan, with the ``vllm`` policy's reasons read from what vLLM scheduled. They equal the
+        policy's own except in a step where vLLM could not take an admission the policy would have planned (the
+        KV blocks ran out, or it preempted): the policy's plan counts what it planned, these count what vLLM did
+        (8 of 192 driven runs, all short of KV blocks, differ so; the scheduled tokens never do)."""
+        budget = self.ts_max_tokens
+        admitted = len(self.running) - running_before + len(out.preempted_req_ids or ())
+        num_running = running_before + admitted
+        return StepPlan(entries=(), running_order=(), mode=StepMode.IDLE, token_budget=budget, reasons={
+            "budget_tokens": budget,
+            "unused_budget_tokens": budget - out.total_num_scheduled_tokens,
+            "admitted": admitted,
+            "waiting_left": waiting_before - admitted,
+            "seq_cap_reached": num_running >= self.max_num_running_reqs,
+        })
+
+    def _ts_enforce(self, plan: StepPlan, *args: Any, **kwargs: Any) -> Any:
         running = self.running
         order = plan.running_order
-        if len(order) != len(running) or any(r.request_id != rid for r, rid in zip(running, order, strict=False)):
+        running_ids = tuple(map(_REQUEST_ID, running))
+        if running_ids != tuple(order):
             pos = {rid: i for i, rid in enumerate(order)}
             last = len(pos)
             running.sort(key=lambda r: pos.get(r.request_id, last))
-        running_ids = {r.request_id for r in view.running}
-        admits = [rid for rid, _ in plan.entries if rid not in running_ids]
+        admits = list(filterfalse(set(running_ids).__contains__, map(_FIRST, plan.entries)))
         self.max_num_scheduled_tokens = max(0, min(int(plan.token_budget), self.ts_max_tokens))
         self.ts_caps = dict(plan.entries)
         self.need_mamba_block_aligned_split = True
@@ -336,12 +397,23 @@ class PolicySchedulerMixin:
         pending = self.ts_pending.pop(id(scheduler_output), None)
         if self.ts_pending:  # the steps still in flight run from now on
             self.ts_busy_until = t_out + sum(p.predicted_s for p in self.ts_pending.values())
-        get = self.requests.get
-        reqs = [get(rid) for rid in scheduler_output.num_scheduled_tokens] if pending is not None else []
-        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        finishing: dict[str, tuple[int, int]] = {}
+        self.ts_finishing = finishing
+        try:
+            result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        finally:
+            self.ts_finishing = None
         if pending is not None:
-            self._ts_record(pending, scheduler_output, reqs, t_out)
+            self._ts_record(pending, scheduler_output, finishing, t_out)
         return result
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        """A request finished: while an output is applied, its output and prompt lengths are kept for the step's
+        record (vLLM forgets the request when it frees its blocks, in this call or later)."""
+        finishing = self.ts_finishing
+        if finishing is not None:
+            finishing[request.request_id] = (request.num_output_tokens, request.num_prompt_tokens)
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def _free_blocks(self, request: Any) -> None:
         """vLLM lets go of a finished or aborted request here: so does the policy's per-request state."""
@@ -349,35 +421,38 @@ class PolicySchedulerMixin:
         rid = request.request_id
         self.ts_first_token.pop(rid, None)
         self.ts_slo.pop(rid, None)
-        self.ts_views.pop(rid, None)
 
     # -- records ----------------------------------------------------------------------------------
-    def _ts_record(self, pending: _Pending, out: Any, reqs: list[Any], t_out: float) -> None:
+    def _ts_record(self, pending: _Pending, out: Any, finishing: dict[str, tuple[int, int]], t_out: float) -> None:
         start = pending.scheduled_s
         if self.ts_last_output_s is not None and self.ts_last_output_s > start:
             start = self.ts_last_output_s
         self.ts_last_output_s = t_out
         measured = max(t_out - start, 1e-6)
         now = time.time()
-        pre_tok = dec_tok = pre_reqs = dec_reqs = 0
+        scheduled = out.num_scheduled_tokens
+        decoded = pending.decode_ids & scheduled.keys()
+        dec_tok = sum(map(scheduled.__getitem__, decoded))
+        dec_reqs = len(decoded)
+        pre_tok = out.total_num_scheduled_tokens - dec_tok
+        pre_reqs = len(scheduled) - dec_reqs
         ctx = pending.ctx
         finished_out: list[int] = []
         finished_prompt: list[int] = []
+        if finishing:
+            for rid in scheduled:  # in the step's order
+                lengths = finishing.get(rid)
+                if lengths is not None:
+                    finished_out.append(lengths[0])
+                    finished_prompt.append(lengths[1])
         ft = self.ts_first_token
-        for (rid, n), r in zip(out.num_scheduled_tokens.items(), reqs, strict=True):
-            if rid in pending.decode_ids:
-                dec_tok += n
-                dec_reqs += 1
-            else:
-                pre_tok += n
-                pre_reqs += 1
-            if r is None:
-                continue
-            if r.is_finished():  # its per-request state left with it (``_free_blocks``)
-                finished_out.append(r.num_output_tokens)
-                finished_prompt.append(r.num_prompt_tokens)
-            elif rid not in ft and r.num_output_tokens > 0:
-                ft[rid] = now
+        started = scheduled.keys() - ft.keys()
+        if started:
+            get = self.requests.get  # a request that finished has left it (and has no first-token entry to keep)
+            for rid in started:
+                r = get(rid)
+                if r is not None and r.num_output_tokens > 0:
+                    ft[rid] = now
         plan = pending.plan
         mode = _mode(pre_tok, dec_tok)
         if self.ts_online and pre_tok + dec_tok:

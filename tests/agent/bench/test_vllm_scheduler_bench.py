@@ -29,6 +29,8 @@ def test_every_policy_gets_a_ratio_and_a_plan_share(capsys: pytest.CaptureFixtur
     for r in rows:
         if r[1] == "vLLM":
             assert float(r[3]) > 0  # "vLLM Scheduler": its us/step
+        elif r[1] == "vllm":  # vLLM's own default: vLLM's scheduler decides, no plan() is called
+            assert float(r[2]) > 0 and float(r[3]) > 0 and r[4:] == ["native", "-"]
         else:
             us, ratio, plan_us, share = float(r[2]), float(r[3]), float(r[4]), float(r[5].rstrip("%"))
             assert us > 0 and ratio > 0 and plan_us > 0 and 0 < share < 100

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
 from vllm_harness import Arrival, Shape, drive, make_scheduler, random_stream
 
 from agent.engine.vllm.channel import ControlSender
@@ -33,9 +34,14 @@ from policies.types import StepPlan
 pytestmark = pytest.mark.vllm
 
 
-def _ours(shape: Shape, policy: str = "vllm", params: dict[str, object] | None = None) -> Scheduler:
+def _ours(shape: Shape, policy: str = "vllm", params: dict[str, object] | None = None, *,
+          native: bool = False) -> Scheduler:
+    """Our scheduler with ``policy``. The ``vllm`` policy's own plans decide unless ``native`` (the agent's default:
+    vLLM's scheduler decides that policy's steps), so that these tests check the policy, not vLLM against itself."""
     cls = PolicyAsyncScheduler if shape.async_scheduling else PolicyScheduler
-    return make_scheduler(cls, shape, {KEY: UnitSettings(policy=policy, params=params or {}).as_config()})
+    sched = make_scheduler(cls, shape, {KEY: UnitSettings(policy=policy, params=params or {}).as_config()})
+    sched.ts_native_steps = native
+    return sched
 
 
 def _theirs(shape: Shape) -> Scheduler:
@@ -75,6 +81,85 @@ def test_vllm_policy_equality_property(seed: int, budget: int, seqs: int, blocks
     lag = int(async_scheduling)
     params = {"long_prefill_token_threshold": threshold}
     assert drive(_ours(shape, params=params), stream, lag=lag) == drive(_theirs(shape), stream, lag=lag)
+
+
+_RECORD_FIELDS = ("step_id", "mode", "policy", "num_prefill_tokens", "num_decode_tokens", "num_prefill_reqs",
+                  "num_decode_reqs", "context_tokens", "budget_tokens", "kv_used_blocks", "num_running",
+                  "num_waiting", "num_preempted", "num_finished", "preempted", "admission_budget",
+                  "queued_prefill_tokens")
+"""A step record's fields that do not depend on the clock."""
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize(("blocks", "threshold"), [(400, 0), (400, 48), (60, 0)])
+@pytest.mark.parametrize("seed", range(3))
+def test_native_steps_decide_and_record_what_the_vllm_policy_would(async_scheduling: bool, blocks: int,
+                                                                   threshold: int, seed: int) -> None:
+    """The ``vllm`` policy with its defaults lets vLLM's own scheduler decide (no view, plan or caps on the
+    critical path): the same steps as the policy's own plans and the same step records, reasons included while
+    KV blocks suffice. Where they run out (60 blocks) vLLM may not take an admission the policy planned: the
+    scheduled tokens still agree, and a native step's reasons count what vLLM admitted."""
+    shape = Shape(async_scheduling=async_scheduling, num_blocks=blocks, long_prefill_token_threshold=threshold)
+    stream = random_stream(seed, n=30, max_prompt=500, max_out=30)
+    lag = int(async_scheduling)
+    params = {"long_prefill_token_threshold": threshold}
+    native, planned = _ours(shape, params=params, native=True), _ours(shape, params=params)
+    assert native._ts_native() and not planned._ts_native()
+    planned_plans = _Recorder(planned)
+    trace_native, trace_planned = drive(native, stream, lag=lag), drive(planned, stream, lag=lag)
+    assert trace_native == trace_planned
+    assert planned_plans.plans, "the planned side asked its policy"
+    records = [[r for r in s.ts_sink.records if isinstance(r, StepMessage)] for s in (native, planned)]
+    assert len(records[0]) == len(records[1]) == sum(1 for t in trace_native if t.scheduled)
+    for a, b in zip(*records, strict=True):
+        assert [getattr(a, f) for f in _RECORD_FIELDS] == [getattr(b, f) for f in _RECORD_FIELDS]
+        assert set(a.reasons) == set(b.reasons) and a.reasons["budget_tokens"] == b.reasons["budget_tokens"]
+        if blocks == 400:
+            assert a.reasons == b.reasons
+    if blocks == 60:
+        assert any(t.preempted for t in trace_native), "the small cache should preempt"
+        # vLLM admitted what the native reasons say: running after = running before + admitted - preempted.
+        for a in records[0]:
+            assert 0 <= a.reasons["admitted"] <= a.num_prefill_reqs
+
+
+def test_a_vllm_policy_that_differs_from_the_engines_defaults_plans_its_own_steps() -> None:
+    """Only the ``vllm`` policy as vLLM itself would run it is native: a token cap or a prefill threshold other
+    than the engine's, or any other policy, plans every step."""
+    shape = Shape(long_prefill_token_threshold=48)
+    assert _ours(shape, params={"long_prefill_token_threshold": 48}, native=True)._ts_native()
+    assert not _ours(shape, native=True)._ts_native()  # threshold 0 against the engine's 48
+    assert not _ours(Shape(), params={"max_num_batched_tokens": 128}, native=True)._ts_native()
+    assert not _ours(Shape(), "sarathi", native=True)._ts_native()
+    sched = _ours(Shape(), native=True)
+    assert sched._ts_native()
+    sched._ts_control(SetParams(changes={"max_num_batched_tokens": 64}, id="1"))
+    assert not sched._ts_native()
+    recorder = _Recorder(sched)
+    drive(sched, random_stream(2, n=6, max_prompt=200, max_out=5))
+    assert recorder.plans and all(p.token_budget == 64 for p in recorder.plans)
+
+
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_per_request_state_leaves_with_the_request(native: bool, async_scheduling: bool) -> None:
+    """The scheduler's per-request state (SLOs, first-token times) is dropped when vLLM frees a request, finished
+    or aborted, so an engine that serves for months holds only what is in flight."""
+    shape = Shape(async_scheduling=async_scheduling, num_blocks=400)
+    sched = _ours(shape, "fairbatching" if not native else "vllm", native=native)
+    stream = random_stream(3, n=20, max_prompt=300, max_out=10)
+    aborted: list[str] = []
+
+    def abort_one(step: int) -> None:
+        if step == 4:
+            victim = next(iter(sched.requests))
+            sched.finish_requests([victim], RequestStatus.FINISHED_ABORTED)
+            aborted.append(victim)
+
+    trace = drive(sched, stream, lag=int(async_scheduling), before_step=abort_one)
+    assert aborted and any(t.finished for t in trace)
+    assert not sched.requests
+    assert sched.ts_slo == {} and sched.ts_first_token == {}
 
 
 class _Recorder:
@@ -142,6 +227,7 @@ def test_a_step_planned_while_another_runs_starts_when_that_one_ends(async_sched
     # (the vllm policy ignores the clock and the cost, so it schedules as usual)
     sched = make_scheduler(PolicyAsyncScheduler if async_scheduling else PolicyScheduler, shape, {
         KEY: UnitSettings(policy="vllm", coefficients=(a_s, 1e-6, 1e-9), online_fit=False).as_config()})
+    sched.ts_native_steps = False  # the policy's plan() is asked (a native step asks none)
     inner = sched.ts_policy.plan
     clocks: list[tuple[float, float, int]] = []  # (the policy's now, the wall clock, steps in flight)
     no_first_token: list[str] = []
