@@ -3,7 +3,9 @@ shape, two policies, one repeat. The timing itself is a benchmark, run by hand."
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +36,19 @@ def test_every_policy_gets_a_ratio_and_a_plan_share(capsys: pytest.CaptureFixtur
         else:
             us, ratio, plan_us, share = float(r[2]), float(r[3]), float(r[4]), float(r[5].rstrip("%"))
             assert us > 0 and ratio > 0 and plan_us > 0 and 0 < share < 100
+
+
+def test_the_decision_digest_keeps_every_runs_trace_and_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with bench_script("vllm_scheduler_digest") as digest:
+        monkeypatch.setattr(digest, "POLICIES", (("sarathi", {}),))
+        monkeypatch.setattr(sys, "argv", ["digest", str(tmp_path / "d.json")])
+        assert digest.main() == 0
+    runs = json.loads((tmp_path / "d.json").read_text())
+    assert len(runs) == 2 * 4 * 2 * 2 and "runs" in capsys.readouterr().out
+    for key, run in runs.items():
+        assert key.startswith("sarathi{}-async=")
+        scheduled = [step for step in run["trace"] if step[0]]
+        assert len(run["records"]) == len(scheduled) > 0
+        for record, step in zip(run["records"], scheduled, strict=True):
+            assert record["num_prefill_tokens"] + record["num_decode_tokens"] == sum(step[0].values())
