@@ -45,7 +45,7 @@ import math
 from typing import ClassVar
 
 from policies.base import BatchPolicy
-from policies.batch.common import chunk
+from policies.batch.common import chunk, request_id_of
 from policies.batch.eb_costs import PhaseCostEstimator
 from policies.batch.eb_memory import kv_reserve_blocks, memory_safe_batch_size
 from policies.batch.eb_model import cfr_ratio, closed_form_theta, optimal_theta
@@ -295,7 +295,7 @@ class ExclusiveBatching(BatchPolicy):
         mode = self.phase if entries else StepMode.IDLE
         return StepPlan(
             entries=tuple(entries),
-            running_order=tuple(r.request_id for r in unit.running),
+            running_order=tuple(map(request_id_of, unit.running)),
             mode=mode,
             token_budget=budget_total,
             reasons=reasons,

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import BatchPolicy
-from policies.batch.common import chunk, mode_of
+from policies.batch.common import chunk, mode_of, request_id_of
 from policies.cost.step_model import StepCoefficients
 from policies.params import MAX_CONTEXT_TOKENS, MAX_STEP_TOKENS, ParamSpec
 from policies.types import RequestView, ScheduledTokens, StepPlan, UnitView
@@ -86,16 +86,16 @@ class Sarathi(BatchPolicy):
         decodes = 0
         prefilling: list[RequestView] = []
         new = tuple.__new__
-        for req in unit.running:  # the hot loop: is_decode inlined
-            out = req.output_tokens
-            if out > 0 and req.prompt_tokens + out - req.computed_tokens == 1:
+        for req in unit.running:  # the hot loop: is_decode inlined, RequestView's fields unpacked in order
+            rid, _, prompt, computed, out, _, _, _, _ = req
+            if out > 0 and prompt + out - computed == 1:
                 if decodes < cap:
-                    entries.append(new(ScheduledTokens, (req.request_id, 1)))
+                    entries.append(new(ScheduledTokens, (rid, 1)))
                     decodes += 1
             else:
                 prefilling.append(req)
         budget = tau - decodes
-        chunks = 0
+        chunks = prefill_tokens = 0
         for req in prefilling:
             if budget <= 0:
                 break
@@ -104,6 +104,7 @@ class Sarathi(BatchPolicy):
                 entries.append(ScheduledTokens(req.request_id, n))
                 budget -= n
                 chunks += 1
+                prefill_tokens += n
         num_running = len(unit.running)
         admitted = 0
         for req in unit.waiting:
@@ -116,9 +117,10 @@ class Sarathi(BatchPolicy):
             budget -= n
             num_running += 1
             admitted += 1
+            prefill_tokens += n
         return StepPlan(
             entries=tuple(entries),
-            running_order=tuple(r.request_id for r in unit.running),
+            running_order=tuple(map(request_id_of, unit.running)),
             mode=mode_of(decodes > 0, chunks + admitted > 0),
             token_budget=tau,
             reasons={
@@ -127,7 +129,7 @@ class Sarathi(BatchPolicy):
                 "decodes_over_budget": max(decodes - tau, 0),
                 "prefill_chunks": chunks,
                 "admitted": admitted,
-                "prefill_tokens": sum(e.num_tokens for e in entries) - decodes,
+                "prefill_tokens": prefill_tokens,
                 "unused_budget_tokens": max(budget, 0),
                 "waiting_left": len(unit.waiting) - admitted,
             },

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import BatchPolicy
-from policies.batch.common import chunk, step_mode
+from policies.batch.common import chunk, request_id_of, step_mode
 from policies.params import MAX_REQUESTS, ParamSpec
 from policies.types import ScheduledTokens, StepPlan, UnitView
 
@@ -58,7 +58,7 @@ class StaticBatching(BatchPolicy):
         by_id.update((r.request_id, r) for r in unit.waiting[:admitted])
         return StepPlan(
             entries=tuple(entries),
-            running_order=tuple(r.request_id for r in unit.running),
+            running_order=tuple(map(request_id_of, unit.running)),
             mode=step_mode(entries, by_id),
             token_budget=budget_total,
             reasons={"batch_open": not unit.running, "admitted": admitted, "batch_members": len(unit.running)},

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import BatchPolicy
-from policies.batch.common import chunk, mode_of
+from policies.batch.common import chunk, mode_of, request_id_of
 from policies.params import MAX_STEP_TOKENS, ParamSpec
 from policies.types import ScheduledTokens, StepPlan, UnitView
 
@@ -54,15 +54,14 @@ class VllmDefault(BatchPolicy):
         for req in unit.running:
             if budget <= 0:
                 break
-            k = req.computed_tokens
-            out = req.output_tokens
-            n = req.prompt_tokens + out - k
+            rid, _, prompt, k, out, _, _, _, _ = req  # RequestView's fields in order
+            n = prompt + out - k
             is_decode = n == 1 and out > 0
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget, limit - k)
             if n > 0:
-                entries.append(new(ScheduledTokens, (req.request_id, n)))
+                entries.append(new(ScheduledTokens, (rid, n)))
                 budget -= n
                 if is_decode:
                     has_decode = True
@@ -83,7 +82,7 @@ class VllmDefault(BatchPolicy):
             admitted += 1
         return StepPlan(
             entries=tuple(entries),
-            running_order=tuple(r.request_id for r in unit.running),
+            running_order=tuple(map(request_id_of, unit.running)),
             mode=mode_of(has_decode, has_prefill),
             token_budget=budget_total,
             reasons={

@@ -148,3 +148,13 @@ def test_a_name_taken_in_either_registry_is_refused(registries: None) -> None:
     with pytest.raises(PolicyContractError, match=f"'renamed' is taken by the policy of {__name__}"):
         add_policy(Other)
     assert "vllm" not in DISPATCH_POLICIES and BATCH_POLICIES["renamed"] is Renamed
+
+
+def test_request_views_fields_keep_their_order() -> None:
+    """The hot loops of ``vllm``, ``sarathi`` and ``fairbatching`` unpack a ``RequestView`` by position (one
+    unpacking instead of up to nine field reads per request per step): a field added, removed or moved must update
+    them, and this test with them."""
+    from policies.types import RequestView
+
+    assert RequestView._fields == ("request_id", "arrival_s", "prompt_tokens", "computed_tokens", "output_tokens",
+                                   "ttft_slo_s", "tpot_slo_s", "first_token_s", "num_preemptions")
