@@ -312,12 +312,16 @@ class PolicySchedulerMixin:
 
     def _ts_native(self) -> bool:
         """Whether vLLM's own scheduler decides this step: the policy is ``vllm`` (vLLM's default) with its
-        defaults, which it reproduces step by step (``tests/agent/engine/test_vllm_scheduler.py``), so a native
-        step builds no view of a running request, asks no plan and sets no caps: the same decisions for a
-        fraction of the CPU on the engine's critical path (docs/benchmarks.md)."""
+        defaults or the engine's own prefill threshold, which it reproduces step by step
+        (``tests/agent/engine/test_vllm_scheduler.py``), so a native step builds no view of a running request,
+        asks no plan and sets no caps: the same decisions for a fraction of the CPU on the engine's critical path
+        (docs/benchmarks.md)."""
         policy = self.ts_policy
+        # A threshold of 0 ("no cap") on an engine with a threshold of its own is native too: vLLM caps each
+        # chunk at the engine's threshold anyway, and a policy planning uncapped chunks would leave the budget it
+        # planned for them unused, admitting fewer requests than vLLM's own scheduler (found 2026-11-26).
         return (self.ts_native_steps and type(policy) is VllmDefault and not policy.budget_cap
-                and policy.threshold == self.scheduler_config.long_prefill_token_threshold)
+                and policy.threshold in (0, self.scheduler_config.long_prefill_token_threshold))
 
     def _ts_native_plan(self, out: Any, running_before: int, waiting_before: int) -> StepPlan:
         """A native step's plan, with the ``vllm`` policy's reasons read from what vLLM scheduled. They equal the

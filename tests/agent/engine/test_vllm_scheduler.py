@@ -123,12 +123,24 @@ def test_native_steps_decide_and_record_what_the_vllm_policy_would(async_schedul
             assert 0 <= a.reasons["admitted"] <= a.num_prefill_reqs
 
 
+def test_the_default_vllm_policy_on_an_engine_with_a_prefill_threshold_schedules_as_vllm() -> None:
+    """vLLM caps every prefill chunk at the engine's ``long_prefill_token_threshold``. The ``vllm`` policy with its
+    default threshold (0, no cap of its own) is native there, so it schedules exactly as vLLM's scheduler: planned
+    by the policy itself, the uncapped chunks left budget unused and admitted fewer requests."""
+    shape = Shape(long_prefill_token_threshold=48, num_blocks=400)
+    stream = random_stream(0, n=30, max_prompt=500, max_out=30)
+    theirs = drive(_theirs(shape), stream)
+    assert drive(_ours(shape, native=True), stream) == theirs
+    assert drive(_ours(shape, native=False), stream) != theirs  # what the policy's own plans did
+
+
 def test_a_vllm_policy_that_differs_from_the_engines_defaults_plans_its_own_steps() -> None:
     """Only the ``vllm`` policy as vLLM itself would run it is native: a token cap or a prefill threshold other
     than the engine's, or any other policy, plans every step."""
     shape = Shape(long_prefill_token_threshold=48)
     assert _ours(shape, params={"long_prefill_token_threshold": 48}, native=True)._ts_native()
-    assert not _ours(shape, native=True)._ts_native()  # threshold 0 against the engine's 48
+    assert _ours(shape, native=True)._ts_native()  # 0, "no cap": the engine caps at its 48 anyway
+    assert not _ours(shape, params={"long_prefill_token_threshold": 32}, native=True)._ts_native()
     assert not _ours(Shape(), params={"max_num_batched_tokens": 128}, native=True)._ts_native()
     assert not _ours(Shape(), "sarathi", native=True)._ts_native()
     sched = _ours(Shape(), native=True)
