@@ -1,21 +1,22 @@
 """Protocol events to Arrow batches (one per table) and table rows back to events.
 
 Writing is columnar: a table's pending events become a :class:`pyarrow.Table` (the high-volume tables, whose
-columns are the event's own fields, are filled column by column with ``attrgetter``: no per-row tuples, and
-the NOT NULL numeric columns through ``numpy.fromiter``: no Python list either), which DuckDB inserts in one
-statement. Reading builds the events again, so ``events -> store -> replay`` gives equal events
-(:func:`event_from_row`).
+columns are the event's own fields, are filled column by column from one flat list of every event's values, read
+in C by ``msgspec.structs.astuple``; the NOT NULL numeric columns go through ``numpy.fromiter``, ``reasons`` is
+one ``encode_lines`` call), which DuckDB inserts in one statement. Reading builds the events again, so
+``events -> store -> replay`` gives equal events (:func:`event_from_row`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from operator import attrgetter
-from typing import Any, Final
+from itertools import chain
+from typing import Any, Final, NamedTuple
 
 import msgspec
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
+from msgspec.structs import astuple
 
 from agent.telemetry import (
     Alert,
@@ -42,7 +43,10 @@ from policies.params import ParamValue
 from policies.types import ReasonValue, StepMode
 from store.schema import TABLES, columns
 
-_ENCODE = msgspec.json.Encoder().encode
+_ENCODER = msgspec.json.Encoder()
+_ENCODE = _ENCODER.encode
+_ENCODE_LINES = _ENCODER.encode_lines
+_NEWLINE: Final = ord("\n")
 
 ROUTES: Final[dict[type[Any], tuple[str, ...]]] = {
     NodeHello: ("nodes",),
@@ -93,36 +97,76 @@ def _json(value: object) -> str:
 
 # -- events -> Arrow -----------------------------------------------------------------------------------------
 _FIELD_TABLES: Final = frozenset({"steps", "unit_loads", "alerts", "stage_boundaries"})
-"""Tables whose columns after the key are the event's own fields, in order: filled column by column."""
+"""Tables whose columns after the key are the event's own fields: filled column by column from their values."""
 
 _NUMPY_TYPES: Final[dict[str, type[np.generic]]] = {"BIGINT": np.int64, "DOUBLE": np.float64, "BOOLEAN": np.bool_}
-"""NOT NULL columns of these types go from the events' fields through numpy: no Python list in between."""
+"""NOT NULL columns of these types go from the events' fields through numpy (``fromiter``: a value of another type
+fails the conversion, as a NULL does)."""
 
-_FIELD_COLUMNS: Final[dict[str, list[tuple[str, pa.DataType, type[np.generic] | None]]]] = {
-    table: [
-        (name, SCHEMAS[table].field(name).type, _NUMPY_TYPES.get(sql_type) if not_null else None)
+
+class _FieldColumn(NamedTuple):
+    """Where one column of a field table comes from."""
+
+    name: str
+    arrow_type: pa.DataType
+    field_index: int
+    """The field's position in the event's struct (its place in ``msgspec.structs.astuple``); -1 for ``boot_ns``."""
+    numpy_type: type[np.generic] | None
+    """The numpy type it is filled through; None: a list given to ``pyarrow.array``."""
+
+
+def _event_type(table: str) -> type[Any]:
+    (cls,) = (c for c, tables in ROUTES.items() if table in tables)
+    return cls
+
+
+def _field_layout(table: str) -> list[_FieldColumn]:
+    fields = _event_type(table).__struct_fields__
+    return [
+        _FieldColumn(name, SCHEMAS[table].field(name).type, fields.index(name) if name != "boot_ns" else -1,
+                     _NUMPY_TYPES.get(sql_type) if not_null else None)
         for name, sql_type, not_null in columns(table)
     ]
-    for table in _FIELD_TABLES
-}
-"""Each field table's columns: name, Arrow type, and the numpy type it is filled through (None: a list)."""
+
+
+_FIELD_COLUMNS: Final[dict[str, list[_FieldColumn]]] = {table: _field_layout(table) for table in _FIELD_TABLES}
+"""Each field table's columns, in the table's order."""
+
+_FIELD_WIDTHS: Final[dict[str, int]] = {table: len(_event_type(table).__struct_fields__) for table in _FIELD_TABLES}
+"""The number of fields of each field table's event (the stride of its values in the flat list)."""
 
 
 def _field_columns(table: str, events: Sequence[Any], boots: Sequence[int]) -> list[pa.Array]:
-    """A field table's columns, each straight from one field of every event."""
-    num = len(events)
+    """A field table's columns. Every event's values are read at once (``astuple``, in C) into one flat list,
+    and each column is a strided slice of it: about twice as fast as one ``attrgetter`` pass per column."""
+    layout = _FIELD_COLUMNS[table]
+    num, width = len(events), _FIELD_WIDTHS[table]
+    cells = list(chain.from_iterable(map(astuple, events)))
     arrays = []
-    for name, arrow_type, numpy_type in _FIELD_COLUMNS[table]:
-        values = map(attrgetter(name), events)
-        if name == "boot_ns":
+    for name, arrow_type, index, numpy_type in layout:
+        if index < 0:  # boot_ns: the run each event belongs to, from the writer
             arrays.append(pa.array(boots, type=arrow_type))
-        elif name == "reasons":  # JSON text (UTF-8 as msgspec writes it)
-            arrays.append(pa.array(list(map(_ENCODE, values)), type=pa.binary()).cast(arrow_type))
+            continue
+        values = cells[index::width]
+        if name == "reasons":
+            arrays.append(_json_column(values))
         elif numpy_type is not None:
             arrays.append(pa.array(np.fromiter(values, numpy_type, num)))
         else:
-            arrays.append(pa.array(list(values), type=arrow_type))
+            arrays.append(pa.array(values, type=arrow_type))
     return arrays
+
+
+def _json_column(values: list[Any]) -> pa.Array:
+    """Each value's JSON text (as :func:`_json` writes it), as a string column: one ``encode_lines`` call, cut at
+    its newlines (JSON text has none of its own: a newline inside a string is written escaped)."""
+    data = np.frombuffer(_ENCODE_LINES(values), np.uint8)
+    ends = np.flatnonzero(data == _NEWLINE)
+    offsets = np.empty(len(values) + 1, np.int64)
+    offsets[0] = 0
+    offsets[1:] = ends - np.arange(len(values))  # each value's end, less the newlines before it
+    text = data[data != _NEWLINE]
+    return pa.LargeStringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(text)).cast(pa.string())
 
 
 def _hello(e: NodeHello) -> tuple[Any, ...]:
