@@ -83,10 +83,14 @@ class PendingRows:
         self.policies.append(policy)
 
     def convert(self) -> None:
-        """Turn the events not converted yet into one more Arrow table."""
+        """Turn the events not converted yet into Arrow tables of at most :data:`CONVERT_ROWS` rows each (a
+        larger write converted at once, at its commit, is as slow per row as converting late)."""
         if self.events:
-            policies = self.policies if self.table == "requests" else None
-            self.converted.append(to_arrow(self.table, self.events, self.boots, policies))
+            table, events, boots = self.table, self.events, self.boots
+            for start in range(0, len(events), CONVERT_ROWS):
+                end = start + CONVERT_ROWS
+                policies = self.policies[start:end] if table == "requests" else None
+                self.converted.append(to_arrow(table, events[start:end], boots[start:end], policies))
             self.events.clear()
             self.boots.clear()
             self.policies.clear()
@@ -94,7 +98,7 @@ class PendingRows:
     def take(self) -> pa.Table | None:
         """Every pending row as one Arrow table (None when there is none); :meth:`clear` forgets them."""
         self.convert()
-        return pa.concat_tables(self.converted) if self.converted else None
+        return pa.concat_tables(self.converted).combine_chunks() if self.converted else None
 
     def clear(self) -> None:
         self.converted.clear()
