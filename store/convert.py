@@ -1,14 +1,16 @@
 """Protocol events to Arrow batches (one per table) and table rows back to events.
 
 Writing is columnar: a table's pending events become a :class:`pyarrow.Table` (the high-volume tables, whose
-columns are the event's own fields, are filled column by column from one flat list of every event's values, read
-in C by ``msgspec.structs.astuple``; the NOT NULL numeric columns go through ``numpy.fromiter``, ``reasons`` is
-one ``encode_lines`` call), which DuckDB inserts in one statement. Reading builds the events again, so
+columns are the event's own fields, are filled column by column from every event's values read in C by
+``msgspec.structs.astuple`` and transposed; the NOT NULL integers packed by ``struct``, ``reasons`` one
+``encode_lines`` call), which DuckDB inserts in one statement. Reading builds the events again, so
 ``events -> store -> replay`` gives equal events (:func:`event_from_row`).
 """
 
 from __future__ import annotations
 
+import gc
+import struct
 from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any, Final, NamedTuple
@@ -100,8 +102,9 @@ _FIELD_TABLES: Final = frozenset({"steps", "unit_loads", "alerts", "stage_bounda
 """Tables whose columns after the key are the event's own fields: filled column by column from their values."""
 
 _NUMPY_TYPES: Final[dict[str, type[np.generic]]] = {"BIGINT": np.int64, "DOUBLE": np.float64, "BOOLEAN": np.bool_}
-"""NOT NULL columns of these types go from the events' fields through numpy (``fromiter``: a value of another type
-fails the conversion, as a NULL does)."""
+"""NOT NULL columns of these types go from the events' fields to numpy without a Python list: BIGINT all together
+through :func:`_pack_int64`, the others through ``numpy.fromiter`` (a value of another type, or NULL, fails the
+conversion)."""
 
 
 class _FieldColumn(NamedTuple):
@@ -112,7 +115,7 @@ class _FieldColumn(NamedTuple):
     field_index: int
     """The field's position in the event's struct (its place in ``msgspec.structs.astuple``); -1 for ``boot_ns``."""
     numpy_type: type[np.generic] | None
-    """The numpy type it is filled through; None: a list given to ``pyarrow.array``."""
+    """The numpy type it is filled through; None: its values given to ``pyarrow.array``."""
 
 
 def _event_type(table: str) -> type[Any]:
@@ -133,23 +136,33 @@ _FIELD_COLUMNS: Final[dict[str, list[_FieldColumn]]] = {table: _field_layout(tab
 """Each field table's columns, in the table's order."""
 
 _FIELD_WIDTHS: Final[dict[str, int]] = {table: len(_event_type(table).__struct_fields__) for table in _FIELD_TABLES}
-"""The number of fields of each field table's event (the stride of its values in the flat list)."""
+"""The number of fields of each field table's event."""
+
+_INT64_FIELDS: Final[dict[str, list[int]]] = {
+    table: [c.field_index for c in layout if c.numpy_type is np.int64 and c.field_index >= 0]
+    for table, layout in _FIELD_COLUMNS.items()
+}
+"""The fields of each field table's NOT NULL BIGINT columns, in :func:`_pack_int64`'s order."""
 
 
 def _field_columns(table: str, events: Sequence[Any], boots: Sequence[int]) -> list[pa.Array]:
-    """A field table's columns. Every event's values are read at once (``astuple``, in C) into one flat list,
-    and each column is a strided slice of it: about twice as fast as one ``attrgetter`` pass per column."""
-    layout = _FIELD_COLUMNS[table]
-    num, width = len(events), _FIELD_WIDTHS[table]
-    cells = list(chain.from_iterable(map(astuple, events)))
+    """A field table's columns: every event's values read in C (``astuple``) and transposed (``zip``) into one
+    tuple per field, the NOT NULL BIGINT ones packed together, a column whose text is the same in every row (the
+    node, often the run) repeated. About 2.3 times as fast as an ``attrgetter`` pass per column."""
+    num = len(events)
+    fields = _transpose(events, _FIELD_WIDTHS[table])
+    int64_fields = _INT64_FIELDS[table]
+    packed = _pack_int64([fields[i] for i in int64_fields], num)
+    int64_rows = {index: row for row, index in enumerate(int64_fields)}
     arrays = []
-    for name, arrow_type, index, numpy_type in layout:
-        if index < 0:  # boot_ns: the run each event belongs to, from the writer
-            arrays.append(pa.array(boots, type=arrow_type))
-            continue
-        values = cells[index::width]
-        if name == "reasons":
+    for name, arrow_type, index, numpy_type in _FIELD_COLUMNS[table]:
+        values = boots if index < 0 else fields[index]  # boot_ns: the run each event belongs to, from the writer
+        if index in int64_rows:
+            arrays.append(pa.array(packed[int64_rows[index]]))
+        elif name == "reasons":
             arrays.append(_json_column(values))
+        elif num and (index < 0 or arrow_type == pa.string()) and values.count(values[0]) == num:
+            arrays.append(pa.repeat(pa.scalar(values[0], type=arrow_type), num))  # (str and int: == is exact)
         elif numpy_type is not None:
             arrays.append(pa.array(np.fromiter(values, numpy_type, num)))
         else:
@@ -157,7 +170,30 @@ def _field_columns(table: str, events: Sequence[Any], boots: Sequence[int]) -> l
     return arrays
 
 
-def _json_column(values: list[Any]) -> pa.Array:
+def _transpose(events: Sequence[Any], width: int) -> list[tuple[Any, ...]]:
+    """One tuple per struct field, of every event's value of it. The rows' tuples live together until ``zip`` has
+    read them: the cyclic GC is held off meanwhile (a collection would scan them all, for nothing: they hold the
+    events' values, which form no cycle), which makes it about six times as fast."""
+    if not events:
+        return [()] * width
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return list(zip(*map(astuple, events), strict=True))
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _pack_int64(fields: list[tuple[Any, ...]], num: int) -> np.ndarray:
+    """``fields`` (each ``num`` Python ints) as one ``(len(fields), num)`` int64 array, converted by one
+    ``struct.pack`` call: faster than ``numpy.fromiter`` per field, and as strict (a value that is not an int, or
+    out of BIGINT's range, raises ``struct.error``)."""
+    data = struct.pack(f"<{len(fields) * num}q", *chain.from_iterable(fields))
+    return np.frombuffer(data, np.int64).reshape(len(fields), num)
+
+
+def _json_column(values: Sequence[Any]) -> pa.Array:
     """Each value's JSON text (as :func:`_json` writes it), as a string column: one ``encode_lines`` call, cut at
     its newlines (JSON text has none of its own: a newline inside a string is written escaped)."""
     data = np.frombuffer(_ENCODE_LINES(values), np.uint8)
