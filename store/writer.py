@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from itertools import repeat
 from pathlib import Path
 from types import TracebackType
 
@@ -132,14 +133,15 @@ class StoreWriter:
             "UNION ALL SELECT node_id, boot_ns FROM nodes) GROUP BY node_id"
         ).fetchall())
         """Each node's current run: the latest hello's ``boot_ns`` (0 before any hello)."""
-        self._unit_policy: dict[tuple[str, int], str] = {
-            (node, unit): policy for node, unit, policy in self._con.execute(
-                "SELECT s.node_id, s.unit_id, arg_max(s.policy, s.seq) FROM steps s SEMI JOIN "
-                "(SELECT node_id, max(boot_ns) AS boot_ns FROM positions GROUP BY node_id) r "
-                "ON s.node_id = r.node_id AND s.boot_ns = r.boot_ns GROUP BY ALL"
-            ).fetchall()
-        }
-        """The batch policy of each unit's latest step in its node's current run (a finished request's policy)."""
+        self._unit_policy: dict[str, dict[int, str]] = {}
+        """The batch policy of each unit's latest step in its node's current run (a finished request's policy), by
+        node and unit."""
+        for node, unit, policy in self._con.execute(
+            "SELECT s.node_id, s.unit_id, arg_max(s.policy, s.seq) FROM steps s SEMI JOIN "
+            "(SELECT node_id, max(boot_ns) AS boot_ns FROM positions GROUP BY node_id) r "
+            "ON s.node_id = r.node_id AND s.boot_ns = r.boot_ns GROUP BY ALL"
+        ).fetchall():
+            self._unit_policy.setdefault(node, {})[unit] = policy
         self._gaps: dict[tuple[str, int, int], tuple[int, int]] = {}
         """Gap rows since the last commit: ``(to_seq, detected_ns)`` by ``(node_id, boot_ns, from_seq)``."""
 
@@ -150,21 +152,26 @@ class StoreWriter:
         self._require()
         steps = self._pending["steps"]
         step_events, step_boots = steps.events, steps.boots
-        unit_policy = self._unit_policy
         node, boot, high = "", 0, 0  # the previous event's run, and the highest seq accepted in it so far
+        unit_policy = self._unit_policy.setdefault(node, {})  # the batch policy of each of its node's units
         recheck = False
-        for event in events:
-            if type(event) is StepEvent and event.node_id == node:  # the bulk of a stream: kept short
-                seq = event.seq
-                if seq > high:
-                    high = seq
-                elif seq:
-                    recheck = True
-                unit_policy[node, event.unit_id] = event.policy
-                step_events.append(event)
-                step_boots.append(boot)
-            else:
-                node, boot, high = self._buffer(event, node, boot, high)
+        try:
+            for event in events:
+                if type(event) is StepEvent and event.node_id == node:  # the bulk of a stream: kept short
+                    seq = event.seq
+                    if seq > high:
+                        high = seq
+                    elif seq:
+                        recheck = True
+                    unit_policy[event.unit_id] = event.policy
+                    step_events.append(event)  # its run's boot: added for all such steps at once
+                else:
+                    if len(step_boots) < len(step_events):
+                        step_boots.extend(repeat(boot, len(step_events) - len(step_boots)))
+                    node, boot, high = self._buffer(event, node, boot, high)
+                    unit_policy = self._unit_policy.setdefault(node, {})
+        finally:
+            step_boots.extend(repeat(boot, len(step_events) - len(step_boots)))
         self._accept(node, boot, high)
         self._recheck |= recheck
         self._num_pending += len(events)
@@ -187,7 +194,7 @@ class StoreWriter:
             node = event.node_id
             if isinstance(event, NodeHello):
                 self._run_of[node] = event.boot_ns
-                self._unit_policy.update(((node, u.unit_id), u.batch_policy) for u in event.units)
+                self._unit_policy.setdefault(node, {}).update((u.unit_id, u.batch_policy) for u in event.units)
             boot = self._run_of.get(node, 0)
             high = self._accepted.get((node, boot), 0)
         if isinstance(event, Alert) and not event.seq and event.code == AlertCode.GAP:
@@ -195,9 +202,9 @@ class StoreWriter:
             return node, boot, high
         policy: str | None = None
         if isinstance(event, StepEvent):
-            self._unit_policy[node, event.unit_id] = event.policy
+            self._unit_policy.setdefault(node, {})[event.unit_id] = event.policy
         elif isinstance(event, RequestFinished):
-            policy = self._unit_policy.get((node, event.unit_id))
+            policy = self._unit_policy.get(node, {}).get(event.unit_id)
         elif isinstance(event, RequestRefused):
             policy = event.policy
         seq = event.seq

@@ -97,3 +97,15 @@ def test_steps_in_every_chunking_replay_equal_from_a_file(tmp_path: Path) -> Non
             for write in writes:
                 writer.write(write)
         assert list(replay(path)) == events
+
+
+def test_a_write_refused_midway_keeps_each_buffered_step_with_its_run() -> None:
+    """Steps buffered before a non-event in the same write keep their run (``boot_ns``) and are stored later."""
+    with StoreWriter(":memory:") as writer:
+        writer.write([hello(seq=1)])
+        with pytest.raises(TypeError, match="not a protocol event"):
+            writer.write([varied_step(2), varied_step(3), object()])  # type: ignore[list-item]
+        writer.write([varied_step(4)])
+        writer.flush()
+        rows = writer.cursor().execute("SELECT seq, boot_ns FROM steps ORDER BY seq").fetchall()
+    assert rows == [(2, T0), (3, T0), (4, T0)]
