@@ -1,6 +1,7 @@
 """Store benchmark: step-row ingestion and canned queries over a large file.
 
     python tests/benchmarks/bench_store.py [--ingest 1000000] [--batch 122880] [--rows 10000000] [--dir DIR]
+    python tests/benchmarks/bench_store.py --against REV [--repeat 3] [--ingest 1000000] [--write 122880]
 
 1. Ingestion into a fresh file: (a) DuckDB alone, ``INSERT ... SELECT`` from prebuilt Arrow batches of step
    rows; (b) ``StoreWriter.write`` + ``flush`` end to end from ``StepEvent`` structs (conversion included);
@@ -8,14 +9,24 @@
 2. A second file with ``--rows`` step rows (and one finished request per 10 steps) generated inside DuckDB,
    then the canned queries on it, best of 3: ``policy_summary`` (all, a 10-minute window, 60 s buckets),
    ``unit_balance`` (all, a 10-minute window), ``replay`` of a 10-minute window of one unit, and a Parquet
-   export. Prints numbers; asserts nothing.
+   export. Prints numbers; asserts nothing. ``--rows 0`` skips it.
+
+``--against REV`` (issue #21, item 6) times ``StoreWriter.write`` + ``flush`` end to end in this tree and in REV's
+(checked out in a temporary git worktree, as ``bench_sim_speed.py --against`` does), alternately, each run in a
+fresh process with its tree first on the path and a fresh file, ``--write`` events per ``write`` call (a recorder
+writes a frame's events at a time; the default, one row group, is what the table above measures); prints each
+run, each tree's median rows/s and their ratio, this tree over REV.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,7 +34,9 @@ from functools import partial
 from pathlib import Path
 
 import duckdb
+from bench_sim_speed import git, worktree
 
+import store
 from agent.telemetry import StepEvent
 from policies.types import StepMode
 from store.convert import to_arrow
@@ -97,6 +110,51 @@ def bench_ingest(directory: Path, n: int, batch: int) -> None:
           f"rows stored {stored[0] if stored else '?':,}")
 
 
+def time_writer(directory: Path, n: int, write: int) -> float:
+    """Rows per second of ``StoreWriter.write`` (``write`` events a call) + ``flush``, into a fresh file."""
+    events = steps(n)
+    writes = [events[i:i + write] for i in range(0, n, write)]
+    with StoreWriter(directory / "timed.duckdb") as writer:
+        t0 = time.perf_counter()
+        for chunk in writes:
+            writer.write(chunk)
+        writer.flush()
+        return n / (time.perf_counter() - t0)
+
+
+RESULT = "RESULT "
+"""The prefix of a child run's one line of JSON."""
+
+
+def describe_tree(path: Path) -> str:
+    """Commit, and whether the store's sources differ from it."""
+    dirty = git(path, "status", "--porcelain", "--", "store", "agent/telemetry")
+    return git(path, "rev-parse", "--short", "HEAD") + (" + uncommitted changes in store/" if dirty else "")
+
+
+def run_against(rev: str, repeat: int, n: int, write: int) -> None:
+    root = Path(__file__).resolve().parents[2]
+    with worktree(rev) as other:
+        trees = {"A": root, "B": other}
+        print(f"A: this tree ({describe_tree(root)}); B: {rev} ({describe_tree(other)}); {n:,} step events, "
+              f"{write:,} a write, {repeat} runs each, alternately")
+        rates: dict[str, list[float]] = {"A": [], "B": []}
+        for i, label in enumerate(["A", "B"] * repeat):
+            argv = [sys.executable, __file__, "--child", "--ingest", str(n), "--write", str(write)]
+            env = {**os.environ, "PYTHONPATH": str(trees[label])}
+            done = subprocess.run(argv, cwd=trees[label], env=env, capture_output=True, text=True)
+            lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
+            if done.returncode != 0 or not lines:
+                raise SystemExit(f"the run in {trees[label]} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+            result = json.loads(lines[-1].removeprefix(RESULT))
+            if not Path(result["store"]).resolve().is_relative_to(trees[label].resolve()):
+                raise SystemExit(f"the run meant for {trees[label]} imported store from {result['store']}")
+            rates[label].append(result["rows_per_s"])
+            print(f"run {i + 1} ({label}): {result['rows_per_s']:,.0f} rows/s", flush=True)
+    a, b = statistics.median(rates["A"]), statistics.median(rates["B"])
+    print(f"StoreWriter.write+flush, median rows/s: A {a:,.0f}, B {b:,.0f}; ratio A/B {a / b:.3f}")
+
+
 def build_big(path: Path, rows: int) -> None:
     con = connect(path)
     t0 = time.perf_counter()
@@ -148,12 +206,26 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=122_880, help="rows per batch (StoreWriter batch_rows)")
     parser.add_argument("--rows", type=int, default=10_000_000, help="step rows of the query benchmark's file")
     parser.add_argument("--dir", type=Path, default=None, help="where the temporary files go (default: a temp dir)")
+    parser.add_argument("--against", metavar="REV", help="time the writer in this tree and REV's, alternately")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each tree with --against (default 3)")
+    parser.add_argument("--write", type=int, default=122_880, help="events per write call with --against")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            rate = time_writer(Path(tmp), args.ingest, args.write)
+        print(RESULT + json.dumps({"rows_per_s": rate, "store": str(Path(store.__file__).parent)}))
+        return
     print(f"duckdb {duckdb.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
           f"{platform.machine()}")
+    if args.against:
+        run_against(args.against, args.repeat, args.ingest, args.write)
+        return
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         directory = Path(tmp)
         bench_ingest(directory, args.ingest, args.batch)
+        if not args.rows:
+            return
         big = directory / "big.duckdb"
         build_big(big, args.rows)
         bench_queries(big, args.rows, directory / "parquet")
