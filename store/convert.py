@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import struct
 from collections.abc import Callable, Sequence
-from itertools import chain
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -102,8 +101,8 @@ _FIELD_TABLES: Final = frozenset({"steps", "unit_loads", "alerts", "stage_bounda
 """Tables whose columns after the key are the event's own fields: filled column by column from their values."""
 
 _NUMPY_TYPES: Final[dict[str, type[np.generic]]] = {"BIGINT": np.int64, "DOUBLE": np.float64, "BOOLEAN": np.bool_}
-"""NOT NULL columns of these types go from the events' fields to numpy without a Python list: BIGINT all together
-through :func:`_pack_int64`, the others through ``numpy.fromiter`` (a value of another type, or NULL, fails the
+"""NOT NULL columns of these types go from the events' fields to Arrow without a Python list: BIGINT through
+:func:`_int64_column`, the others through ``numpy.fromiter`` (a value of another type, or NULL, fails the
 conversion)."""
 
 
@@ -138,27 +137,17 @@ _FIELD_COLUMNS: Final[dict[str, list[_FieldColumn]]] = {table: _field_layout(tab
 _FIELD_WIDTHS: Final[dict[str, int]] = {table: len(_event_type(table).__struct_fields__) for table in _FIELD_TABLES}
 """The number of fields of each field table's event."""
 
-_INT64_FIELDS: Final[dict[str, list[int]]] = {
-    table: [c.field_index for c in layout if c.numpy_type is np.int64 and c.field_index >= 0]
-    for table, layout in _FIELD_COLUMNS.items()
-}
-"""The fields of each field table's NOT NULL BIGINT columns, in :func:`_pack_int64`'s order."""
-
-
 def _field_columns(table: str, events: Sequence[Any], boots: Sequence[int]) -> list[pa.Array]:
     """A field table's columns: every event's values read in C (``astuple``) and transposed (``zip``) into one
-    tuple per field, the NOT NULL BIGINT ones packed together, a column whose text is the same in every row (the
+    tuple per field, each NOT NULL BIGINT one packed by ``struct``, a column whose text is the same in every row (the
     node, often the run) repeated. About 2.3 times as fast as an ``attrgetter`` pass per column."""
     num = len(events)
     fields = _transpose(events, _FIELD_WIDTHS[table])
-    int64_fields = _INT64_FIELDS[table]
-    packed = _pack_int64([fields[i] for i in int64_fields], num)
-    int64_rows = {index: row for row, index in enumerate(int64_fields)}
     arrays = []
     for name, arrow_type, index, numpy_type in _FIELD_COLUMNS[table]:
         values = boots if index < 0 else fields[index]  # boot_ns: the run each event belongs to, from the writer
-        if index in int64_rows:
-            arrays.append(pa.array(packed[int64_rows[index]]))
+        if numpy_type is np.int64 and index >= 0:
+            arrays.append(_int64_column(fields[index]))
         elif name == "reasons":
             arrays.append(_json_column(values))
         elif num and (index < 0 or arrow_type == pa.string()) and values.count(values[0]) == num:
@@ -185,12 +174,13 @@ def _transpose(events: Sequence[Any], width: int) -> list[tuple[Any, ...]]:
             gc.enable()
 
 
-def _pack_int64(fields: list[tuple[Any, ...]], num: int) -> np.ndarray:
-    """``fields`` (each ``num`` Python ints) as one ``(len(fields), num)`` int64 array, converted by one
-    ``struct.pack`` call: faster than ``numpy.fromiter`` per field, and as strict (a value that is not an int, or
-    out of BIGINT's range, raises ``struct.error``)."""
-    data = struct.pack(f"<{len(fields) * num}q", *chain.from_iterable(fields))
-    return np.frombuffer(data, np.int64).reshape(len(fields), num)
+def _int64_column(values: tuple[Any, ...]) -> pa.Array:
+    """``values`` (Python ints) as an int64 column, converted by one ``struct`` call (the tuple passed as the call's
+    arguments as it is, in the machine's byte order, as Arrow's): about three times as fast as ``numpy.fromiter``.
+    A value out of BIGINT's range, None, or anything but an int raises ``struct.error`` (``fromiter`` truncated a
+    float)."""
+    data = struct.Struct(f"={len(values)}q").pack(*values)
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(data)])
 
 
 def _json_column(values: Sequence[Any]) -> pa.Array:

@@ -3,6 +3,7 @@ file and back), whatever the chunking, the NULLs and the text in ``reasons``."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,10 @@ def test_a_write_refused_midway_keeps_each_buffered_step_with_its_run() -> None:
         writer.flush()
         rows = writer.cursor().execute("SELECT seq, boot_ns FROM steps ORDER BY seq").fetchall()
     assert rows == [(2, T0), (3, T0), (4, T0)]
+
+
+@pytest.mark.parametrize("bad", [1.5, None, 2**63])
+def test_a_value_a_bigint_column_cannot_hold_fails_the_conversion(bad: object) -> None:
+    events = [varied_step(1), msgspec.structs.replace(varied_step(2), step_id=bad)]
+    with pytest.raises(struct.error):
+        to_arrow("steps", events, [T0, T0])
