@@ -4,8 +4,9 @@
     python tests/benchmarks/bench_store.py --against REV [--repeat 3] [--ingest 1000000] [--write 122880]
 
 1. Ingestion into a fresh file: (a) DuckDB alone, ``INSERT ... SELECT`` from prebuilt Arrow batches of step
-   rows; (b) ``StoreWriter.write`` + ``flush`` end to end from ``StepEvent`` structs (conversion included);
-   (c) the same events written again (every batch takes the duplicate check, and stores nothing).
+   rows (and the conversion alone: ``to_arrow`` on whole batches, then as the writer does it); (b)
+   ``StoreWriter.write`` + ``flush`` end to end from ``StepEvent`` structs (conversion included); (c) the same
+   events written again (every batch takes the duplicate check, and stores nothing).
 2. A second file with ``--rows`` step rows (and one finished request per 10 steps) generated inside DuckDB,
    then the canned queries on it, best of 3: ``policy_summary`` (all, a 10-minute window, 60 s buckets),
    ``unit_balance`` (all, a 10-minute window), ``replay`` of a 10-minute window of one unit, and a Parquet
@@ -34,6 +35,7 @@ from functools import partial
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa  # type: ignore[import-untyped]
 from bench_sim_speed import git, worktree
 
 import store
@@ -43,7 +45,7 @@ from store.convert import to_arrow
 from store.queries import export_parquet, policy_summary, unit_balance
 from store.replay import replay
 from store.schema import connect
-from store.writer import StoreWriter, insert_batch
+from store.writer import CONVERT_ROWS, StoreWriter, insert_batch
 
 T0 = 1_800_000_000_000_000_000
 STEP_GAP_NS = 1_250_000
@@ -80,6 +82,12 @@ def bench_ingest(directory: Path, n: int, batch: int) -> None:
     arrow = [to_arrow("steps", b, [0] * len(b)) for b in batches]
     convert_s = time.perf_counter() - t0
     print(f"events -> Arrow (to_arrow, {batch}-row batches): {n / convert_s:,.0f} rows/s ({convert_s:.2f} s)")
+    t0 = time.perf_counter()
+    for b in batches:  # as the writer converts: CONVERT_ROWS at a time, then one table per batch
+        pa.concat_tables([to_arrow("steps", b[i:i + CONVERT_ROWS], [0] * len(b[i:i + CONVERT_ROWS]))
+                          for i in range(0, len(b), CONVERT_ROWS)]).combine_chunks()
+    chunked_s = time.perf_counter() - t0
+    print(f"  the same, {CONVERT_ROWS} rows at a time (as the writer): {n / chunked_s:,.0f} rows/s ({chunked_s:.2f} s)")
     def insert_all(con: duckdb.DuckDBPyConnection, check: bool) -> None:
         for table in arrow:
             insert_batch(con, "steps", table, check=check)
