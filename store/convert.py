@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -217,12 +217,41 @@ def _request(e: RequestFinished | RequestRefused, boot: int, policy: str | None)
             e.met_slo, policy, None, e.max_tpot_ms)
 
 
-_REQUEST_EVENT_FIELDS: Final = tuple(name for name, _, _ in columns("request_events"))[6:]
+_REQUEST_EVENT_SOURCES: Final[dict[type[Any], list[int]]] = {
+    cls: [-2 if name == "boot_ns" else -1 if name == "kind" else cls.__struct_fields__.index(name)
+          if name in cls.__struct_fields__ else -3 for name in SCHEMAS["request_events"].names]
+    for cls, tables in ROUTES.items() if "request_events" in tables
+}
+"""Where each column of ``request_events`` comes from, per event type: the field's index in the struct, or -2
+(``boot_ns``), -1 (``kind``: the type's tag), -3 (a field the type does not have: NULL)."""
 
 
-def _request_event(e: Any, boot: int) -> tuple[Any, ...]:
-    return (e.node_id, boot, e.seq, e.time_ns, e.__struct_config__.tag, e.request_id,
-            *(getattr(e, name, None) for name in _REQUEST_EVENT_FIELDS))
+def _request_event_table(events: Sequence[Any], boots: Sequence[int]) -> pa.Table:
+    """``request_events`` rows, in the events' order. Columnar per event type: each type's events are transposed
+    together (as a field table's, :func:`_transpose`), the types' tables concatenated, then put back in order."""
+    schema = SCHEMAS["request_events"]
+    where: dict[type[Any], list[int]] = {}
+    for i, cls in enumerate(map(type, events)):
+        where.setdefault(cls, []).append(i)
+    parts = []
+    for cls, rows in where.items():
+        num = len(rows)
+        fields = _transpose([events[i] for i in rows], len(cls.__struct_fields__))
+        arrays = []
+        for source, field in zip(_REQUEST_EVENT_SOURCES[cls], schema, strict=True):
+            if source >= 0:
+                arrays.append(pa.array(fields[source], type=field.type))
+            elif source == -2:
+                arrays.append(pa.array([boots[i] for i in rows], type=field.type))
+            elif source == -1:
+                arrays.append(pa.repeat(pa.scalar(cls.__struct_config__.tag, type=field.type), num))
+            else:
+                arrays.append(pa.nulls(num, type=field.type))
+        parts.append(pa.Table.from_arrays(arrays, schema=schema))
+    if len(parts) <= 1:
+        return parts[0] if parts else schema.empty_table()
+    order = np.concatenate([np.asarray(rows, np.int64) for rows in where.values()])
+    return pa.concat_tables(parts).take(pa.array(np.argsort(order)))
 
 
 def _audit(e: ControlAudit, boot: int) -> tuple[Any, ...]:
@@ -230,9 +259,6 @@ def _audit(e: ControlAudit, boot: int) -> tuple[Any, ...]:
             _json(e.new), e.result, e.error_code, e.message)
 
 
-_ROW_MAKERS: Final[dict[str, Callable[[Any, int], tuple[Any, ...]]]] = {
-    "request_events": _request_event, "audits": _audit,
-}
 
 
 def to_arrow(
@@ -243,6 +269,8 @@ def to_arrow(
     schema = SCHEMAS[table]
     if table in _FIELD_TABLES:  # column by column: no per-row tuples (the hot path, steps)
         return pa.Table.from_arrays(_field_columns(table, events, boots), schema=schema)
+    if table == "request_events":  # the same, per event type
+        return _request_event_table(events, boots)
     if table == "nodes":
         rows = [_hello(e) for e in events]
     elif table == "slack_samples":
@@ -250,9 +278,10 @@ def to_arrow(
     elif table == "requests":
         given = policies if policies is not None else [getattr(e, "policy", None) for e in events]
         rows = [_request(e, boot, p) for e, boot, p in zip(events, boots, given, strict=True)]
+    elif table == "audits":
+        rows = [_audit(e, boot) for e, boot in zip(events, boots, strict=True)]
     else:
-        make = _ROW_MAKERS[table]
-        rows = [make(e, boot) for e, boot in zip(events, boots, strict=True)]
+        raise ValueError(f"no table {table!r}")
     data = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
     return pa.Table.from_arrays([pa.array(col, type=field.type) for col, field in zip(data, schema, strict=True)],
                                 schema=schema)

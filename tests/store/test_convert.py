@@ -12,7 +12,19 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 from test_store import NODE, T0, hello
 
-from agent.telemetry import Alert, Event, RequestArrived, StageBoundaries, StepEvent, UnitLoadEvent
+from agent.telemetry import (
+    Alert,
+    Event,
+    RequestArrived,
+    RequestDispatched,
+    RequestFirstToken,
+    RequestMigrated,
+    RequestPreempted,
+    RequestRefused,
+    StageBoundaries,
+    StepEvent,
+    UnitLoadEvent,
+)
 from policies.types import ReasonValue, StepMode
 from store.convert import SCHEMAS, to_arrow
 from store.replay import replay
@@ -55,7 +67,8 @@ def reference(table: str, events: list[Any], boots: list[int]) -> pa.Table:
     data: dict[str, list[Any]] = {name: [] for name in schema.names}
     for event, boot in zip(events, boots, strict=True):
         for name in schema.names:
-            value = boot if name == "boot_ns" else getattr(event, name)
+            value = boot if name == "boot_ns" else event.__struct_config__.tag if name == "kind" else getattr(
+                event, name, None)  # (a request event of a type without the column's field: NULL)
             data[name].append(msgspec.json.encode(value).decode() if name == "reasons" else value)
     return pa.Table.from_pydict(data, schema=schema)
 
@@ -79,6 +92,33 @@ def test_field_tables_convert_to_exactly_the_per_row_values(num: int) -> None:
         got = to_arrow(table, events, boots)
         assert got.schema == SCHEMAS[table]
         assert got.equals(reference(table, events, boots)), table
+
+
+def request_event(seq: int) -> Event:
+    """One of the six kinds of request event, by ``seq``, its optional fields set or not."""
+    base: dict[str, Any] = {"seq": seq, "node_id": NODE, "time_ns": T0 + seq, "request_id": f"r{seq % 97}✓"}
+    unit = None if seq % 4 == 0 else seq % 8
+    match seq % 6:
+        case 0:
+            return RequestArrived(**base, prompt_tokens=seq, ttft_slo_ms=seq / 7, tpot_slo_ms=50.0)
+        case 1:
+            return RequestDispatched(**base, unit_id=seq % 8, num_rounds_waited=seq % 3)
+        case 2:
+            return RequestFirstToken(**base, unit_id=seq % 8, ttft_ms=seq / 3)
+        case 3:
+            return RequestPreempted(**base, unit_id=seq % 8, step_id=BIG if seq % 5 == 0 else seq)
+        case 4:
+            return RequestMigrated(**base, from_unit_id=seq % 8, unit_id=unit, reason="drain\n" * (seq % 2))
+        case _:
+            return RequestRefused(**base, unit_id=unit, policy="pab", reason="over budget" if seq % 2 else "")
+
+
+@pytest.mark.parametrize("num", [0, 1, 6, 50, CONVERT_ROWS + 3])
+def test_request_events_convert_to_exactly_the_per_row_values_in_their_order(num: int) -> None:
+    for events in ([request_event(i + 1) for i in range(num)],  # interleaved kinds
+                   [request_event(6 * i + 3) for i in range(num)]):  # one kind
+        boots = [T0 + (i // 7) for i in range(num)]
+        assert to_arrow("request_events", events, boots).equals(reference("request_events", events, boots))
 
 
 def test_steps_in_every_chunking_replay_equal_from_a_file(tmp_path: Path) -> None:
