@@ -2,6 +2,7 @@
 
     python tests/benchmarks/bench_store.py [--ingest 1000000] [--batch 122880] [--rows 10000000] [--dir DIR]
     python tests/benchmarks/bench_store.py --against REV [--repeat 3] [--ingest 1000000] [--write 122880]
+        [--stream steps|node]
 
 1. Ingestion into a fresh file: (a) DuckDB alone, ``INSERT ... SELECT`` from prebuilt Arrow batches of step
    rows (and the conversion alone: ``to_arrow`` on whole batches, then as the writer does it); (b)
@@ -15,8 +16,9 @@
 ``--against REV`` (issue #21, item 6) times ``StoreWriter.write`` + ``flush`` end to end in this tree and in REV's
 (checked out in a temporary git worktree, as ``bench_sim_speed.py --against`` does), alternately, each run in a
 fresh process with its tree first on the path and a fresh file, ``--write`` events per ``write`` call (a recorder
-writes a frame's events at a time; the default, one row group, is what the table above measures); prints each
-run, each tree's median rows/s and their ratio, this tree over REV.
+writes a frame's events at a time; the default, one row group, is what the table above measures) of
+``--ingest`` step events, or with ``--stream node`` of a simulated node's whole stream of that many events;
+prints each run, each tree's median step rows/s and their ratio, this tree over REV.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from bench_sim_speed import git, worktree
 
 import store
-from agent.telemetry import StepEvent
+from agent.telemetry import Event, StepEvent
 from policies.types import StepMode
 from store.convert import to_arrow
 from store.queries import export_parquet, policy_summary, unit_balance
@@ -118,16 +120,30 @@ def bench_ingest(directory: Path, n: int, batch: int) -> None:
           f"rows stored {stored[0] if stored else '?':,}")
 
 
-def time_writer(directory: Path, n: int, write: int) -> float:
-    """Rows per second of ``StoreWriter.write`` (``write`` events a call) + ``flush``, into a fresh file."""
-    events = steps(n)
-    writes = [events[i:i + write] for i in range(0, n, write)]
+def node_stream(n: int) -> list[Event]:
+    """A node's stream as a recorder receives it: its hello, then ``n`` events of the Azure code trace run on 4
+    simulated units through a ``Hub`` (``bench_telemetry.py recorder``'s events: ~68% steps, then unit loads,
+    slack samples and the requests' lifecycle)."""
+    from bench_telemetry import TRACE, BenchConfig, load_trace, pregenerate
+
+    config = BenchConfig(profile="h100-llama31-8b", units=4, batch_policy="vllm", seed=0)
+    hello, events = pregenerate(config, load_trace(TRACE), n)
+    return [hello, *events]
+
+
+def time_writer(directory: Path, n: int, write: int, stream: str) -> tuple[float, float]:
+    """Step rows and events per second of ``StoreWriter.write`` (``write`` events a call) + ``flush``, into a
+    fresh file, of ``n`` step events (``stream`` "steps") or of a node's stream of ``n`` events ("node")."""
+    events: list[Event] = list(steps(n)) if stream == "steps" else node_stream(n)
+    num_steps = sum(1 for e in events if type(e) is StepEvent)
+    writes = [events[i:i + write] for i in range(0, len(events), write)]
     with StoreWriter(directory / "timed.duckdb") as writer:
         t0 = time.perf_counter()
         for chunk in writes:
             writer.write(chunk)
         writer.flush()
-        return n / (time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+    return num_steps / elapsed, len(events) / elapsed
 
 
 RESULT = "RESULT "
@@ -140,15 +156,16 @@ def describe_tree(path: Path) -> str:
     return git(path, "rev-parse", "--short", "HEAD") + (" + uncommitted changes in store/" if dirty else "")
 
 
-def run_against(rev: str, repeat: int, n: int, write: int) -> None:
+def run_against(rev: str, repeat: int, n: int, write: int, stream: str) -> None:
     root = Path(__file__).resolve().parents[2]
     with worktree(rev) as other:
         trees = {"A": root, "B": other}
-        print(f"A: this tree ({describe_tree(root)}); B: {rev} ({describe_tree(other)}); {n:,} step events, "
+        print(f"A: this tree ({describe_tree(root)}); B: {rev} ({describe_tree(other)}); {n:,} "
+              f"{'step events' if stream == 'steps' else 'events of a node stream'}, "
               f"{write:,} a write, {repeat} runs each, alternately")
         rates: dict[str, list[float]] = {"A": [], "B": []}
         for i, label in enumerate(["A", "B"] * repeat):
-            argv = [sys.executable, __file__, "--child", "--ingest", str(n), "--write", str(write)]
+            argv = [sys.executable, __file__, "--child", "--ingest", str(n), "--write", str(write), "--stream", stream]
             env = {**os.environ, "PYTHONPATH": str(trees[label])}
             done = subprocess.run(argv, cwd=trees[label], env=env, capture_output=True, text=True)
             lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
@@ -158,9 +175,10 @@ def run_against(rev: str, repeat: int, n: int, write: int) -> None:
             if not Path(result["store"]).resolve().is_relative_to(trees[label].resolve()):
                 raise SystemExit(f"the run meant for {trees[label]} imported store from {result['store']}")
             rates[label].append(result["rows_per_s"])
-            print(f"run {i + 1} ({label}): {result['rows_per_s']:,.0f} rows/s", flush=True)
+            print(f"run {i + 1} ({label}): {result['rows_per_s']:,.0f} step rows/s, {result['events_per_s']:,.0f} "
+                  "events/s", flush=True)
     a, b = statistics.median(rates["A"]), statistics.median(rates["B"])
-    print(f"StoreWriter.write+flush, median rows/s: A {a:,.0f}, B {b:,.0f}; ratio A/B {a / b:.3f}")
+    print(f"StoreWriter.write+flush, median step rows/s: A {a:,.0f}, B {b:,.0f}; ratio A/B {a / b:.3f}")
 
 
 def build_big(path: Path, rows: int) -> None:
@@ -217,17 +235,20 @@ def main() -> None:
     parser.add_argument("--against", metavar="REV", help="time the writer in this tree and REV's, alternately")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each tree with --against (default 3)")
     parser.add_argument("--write", type=int, default=122_880, help="events per write call with --against")
+    parser.add_argument("--stream", choices=["steps", "node"], default="steps",
+                        help="with --against: step events only, or a simulated node's whole stream")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-            rate = time_writer(Path(tmp), args.ingest, args.write)
-        print(RESULT + json.dumps({"rows_per_s": rate, "store": str(Path(store.__file__).parent)}))
+            rate, events_rate = time_writer(Path(tmp), args.ingest, args.write, args.stream)
+        print(RESULT + json.dumps({"rows_per_s": rate, "events_per_s": events_rate,
+                                   "store": str(Path(store.__file__).parent)}))
         return
     print(f"duckdb {duckdb.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
           f"{platform.machine()}")
     if args.against:
-        run_against(args.against, args.repeat, args.ingest, args.write)
+        run_against(args.against, args.repeat, args.ingest, args.write, args.stream)
         return
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         directory = Path(tmp)
