@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from itertools import repeat
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -78,11 +79,6 @@ class PendingRows:
         self.boots: list[int] = []
         self.policies: list[str | None] = []
 
-    def add(self, event: Event, boot: int, policy: str | None) -> None:
-        self.events.append(event)
-        self.boots.append(boot)
-        self.policies.append(policy)
-
     def convert(self) -> None:
         """Turn the events not converted yet into Arrow tables of at most :data:`CONVERT_ROWS` rows each (a
         larger write converted at once, at its commit, is as slow per row as converting late)."""
@@ -119,6 +115,10 @@ class StoreWriter:
         self.batch_rows = batch_rows
         self._con: duckdb.DuckDBPyConnection | None = connect(path, memory_limit=memory_limit)
         self._pending: dict[str, PendingRows] = {table: PendingRows(table) for table in TABLES}
+        self._routes: dict[type[Any], tuple[PendingRows, ...]] = {
+            cls: tuple(self._pending[table] for table in tables) for cls, tables in ROUTES.items()
+        }
+        """The pending rows each event type goes to (:data:`~store.convert.ROUTES`)."""
         self._num_pending = 0
         self._committed: dict[RunKey, int] = {
             (node, boot): seq
@@ -169,7 +169,7 @@ class StoreWriter:
                     if len(step_boots) < len(step_events):
                         step_boots.extend(repeat(boot, len(step_events) - len(step_boots)))
                     node, boot, high = self._buffer(event, node, boot, high)
-                    unit_policy = self._unit_policy.setdefault(node, {})
+                    unit_policy = self._unit_policy.get(node) or self._unit_policy.setdefault(node, {})
         finally:
             step_boots.extend(repeat(boot, len(step_events) - len(step_boots)))
         self._accept(node, boot, high)
@@ -186,8 +186,8 @@ class StoreWriter:
         """:meth:`write`'s general case: ``event`` of any kind, and of any run; the run it is in, and that run's
         highest ``seq`` accepted so far (``node``, ``boot``, ``high``: the previous event's run)."""
         cls = type(event)
-        tables = ROUTES.get(cls)
-        if tables is None:
+        routes = self._routes.get(cls)
+        if routes is None:
             raise TypeError(f"not a protocol event: {cls.__name__}")
         if event.node_id != node or isinstance(event, NodeHello):
             self._accept(node, boot, high)
@@ -201,10 +201,10 @@ class StoreWriter:
             self._gap(node, boot, event)
             return node, boot, high
         policy: str | None = None
-        if isinstance(event, StepEvent):
-            self._unit_policy.setdefault(node, {})[event.unit_id] = event.policy
-        elif isinstance(event, RequestFinished):
+        if isinstance(event, RequestFinished):
             policy = self._unit_policy.get(node, {}).get(event.unit_id)
+        elif isinstance(event, StepEvent):
+            self._unit_policy.setdefault(node, {})[event.unit_id] = event.policy
         elif isinstance(event, RequestRefused):
             policy = event.policy
         seq = event.seq
@@ -212,8 +212,10 @@ class StoreWriter:
             high = seq
         elif seq:
             self._recheck = True
-        for table in tables:
-            self._pending[table].add(event, boot, policy)
+        for rows in routes:
+            rows.events.append(event)
+            rows.boots.append(boot)
+            rows.policies.append(policy)
         return node, boot, high
 
     def _gap(self, node: str, boot: int, alert: Alert) -> None:
