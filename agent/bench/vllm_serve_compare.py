@@ -222,14 +222,71 @@ def metered(run: Run, server: subprocess.Popen[bytes] | None, base_url: str, tok
     return summary
 
 
+TTFT_METRIC = "vllm:time_to_first_token_seconds_bucket"
+
+
+def ttft_buckets(base_url: str) -> dict[float, float] | None:
+    """The server's own TTFT histogram (``vllm:time_to_first_token_seconds``, which ``vllm serve`` and the agent
+    both export), cumulative counts by upper bound, summed over its label sets; None when it cannot be read."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+            return parse_ttft_buckets(response.read().decode())
+    except OSError:
+        return None
+
+
+def parse_ttft_buckets(text: str) -> dict[float, float] | None:
+    """:func:`ttft_buckets` from a Prometheus text exposition."""
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(TTFT_METRIC + "{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        le = labels.split('le="', 1)[1].split('"', 1)[0]
+        bound = float("inf") if le == "+Inf" else float(le)
+        out[bound] = out.get(bound, 0.0) + float(value)
+    return out or None
+
+
+def histogram_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The ``q`` quantile (0-1) of what a cumulative histogram gained between two scrapes, interpolated linearly
+    within its bucket as Prometheus's ``histogram_quantile`` does (seconds); None without observations. Coarse:
+    the answer is only as fine as the buckets (vLLM's: 1, 5, 10, 20, 40, 60, 80, 100, 250, 500 ms...)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / max(count - below, 1e-12))
+        lower, below = bound, count
+    return lower
+
+
 def bench(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: int, rate: str, concurrency: int | None,
           input_len: int, output_len: int) -> dict[str, Any]:
-    """One ``vllm bench serve`` run to its end; its summary."""
+    """One ``vllm bench serve`` run to its end; its summary, with the server's own TTFT over the run
+    (``server_ttft_ms``: p50 and p99 from its histogram) beside the client's, so that a tail can be put inside the
+    server's request path (queueing, scheduling, the first step) or outside it (HTTP, tokenizing, streaming back)."""
     run.log(f"bench {name}: {prompts} prompts, rate {rate}, concurrency {concurrency}")
+    before = ttft_buckets(base_url)
     proc = start(bench_cmd(run, base_url, tokenizer, name, prompts=prompts, rate=rate, concurrency=concurrency,
                            input_len=input_len, output_len=output_len), run.out / f"bench-{name}.log")
     proc.wait()
-    return read_bench(run, name, proc.returncode)
+    summary = read_bench(run, name, proc.returncode)
+    after = ttft_buckets(base_url)
+    if after is not None:
+        p50, p99 = (histogram_quantile(q, before or {}, after) for q in (0.5, 0.99))
+        summary["server_ttft_ms"] = {"p50": None if p50 is None else round(p50 * 1e3, 1),
+                                     "p99": None if p99 is None else round(p99 * 1e3, 1),
+                                     "count": int(after.get(float("inf"), 0.0) - (before or {}).get(float("inf"), 0.0))}
+        run.log(f"  {name}: server's own TTFT {summary['server_ttft_ms']}")
+    return summary
 
 
 def read_bench(run: Run, name: str, code: int) -> dict[str, Any]:

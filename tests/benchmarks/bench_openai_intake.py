@@ -17,7 +17,8 @@ what saturates; 1,024 KV blocks as the agent's fake unit has, hence the small pr
   our engine client, the dispatcher, the live node and its telemetry, our scheduler with the ``vllm`` policy.
 
 The sides alternate (plain, trackside, plain, ...) for ``--rounds`` rounds; the table has each run's output
-throughput and TTFT, the medians and their ratio. The machine's other load moves both sides alike only roughly:
+throughput and TTFT (the client's, and the server's own from its ``/metrics`` histogram: coarse buckets), the
+medians and their ratio. The machine's other load moves both sides alike only roughly:
 read the ratio, and run it twice.
 """
 
@@ -110,11 +111,13 @@ def main() -> int:
                 raise SystemExit(f"{side} round {r}: {summary}")
             results[side].append(summary)
     print(f"\n{'side':<10} {'round':>5} {'out tok/s':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} "
-          f"{'TPOT p50 ms':>12}")
+          f"{'TPOT p50 ms':>12} {'server TTFT p50/p99 ms':>23}")
     for side, runs in results.items():
         for r, s in enumerate(runs):
+            own = s.get("server_ttft_ms") or {}
             print(f"{side:<10} {r:>5} {s['output_throughput']:>10.0f} {s['median_ttft_ms']:>12.1f} "
-                  f"{s['p99_ttft_ms']:>12.1f} {s['median_tpot_ms']:>12.2f}")
+                  f"{s['p99_ttft_ms']:>12.1f} {s['median_tpot_ms']:>12.2f} "
+                  f"{str(own.get('p50')) + ' / ' + str(own.get('p99')):>23}")
     med = {side: statistics.median(s["output_throughput"] for s in runs) for side, runs in results.items()}
     print(f"\nmedian output tok/s: plain {med['plain']:.0f}, trackside {med['trackside']:.0f}, "
           f"ratio {med['trackside'] / med['plain']:.3f}")

@@ -19,6 +19,8 @@ from agent.bench.vllm_serve_compare import (
     agent_cmd,
     descendants,
     engine_args,
+    histogram_quantile,
+    parse_ttft_buckets,
     parser,
     plain_cmd,
     without_flag,
@@ -98,3 +100,28 @@ def test_the_cpu_meter_puts_a_busy_child_on_the_children_side() -> None:
     # over a bench of 0.5 s the child's 0.4 s or more is a busy share near 1, the wall time's share under 0.4
     assert cpu["children_busy_in_bench"] == pytest.approx(cpu["children_s"] / 0.5, rel=0.05)
     assert cpu["children_busy_in_bench"] >= 0.4
+
+
+def test_the_servers_own_ttft_comes_from_its_histogram() -> None:
+    """``server_ttft_ms`` (beside the client's TTFT) is read from the ``vllm:time_to_first_token_seconds`` histogram
+    both servers export: the counts summed over label sets, the quantile of what a run added, interpolated within
+    its bucket as Prometheus does."""
+    def exposition(counts: dict[str, float]) -> str:
+        lines = ["# TYPE vllm:time_to_first_token_seconds histogram"]
+        for engine in ("0", "1"):
+            for le, n in counts.items():
+                lines.append(f'vllm:time_to_first_token_seconds_bucket{{model_name="m",engine="{engine}",le="{le}"}}'
+                             f" {n}")
+        lines.append('vllm:time_to_first_token_seconds_count{model_name="m",engine="0"} 5')
+        return "\n".join(lines)
+
+    before = parse_ttft_buckets(exposition({"0.01": 1, "0.02": 1, "0.1": 1, "+Inf": 1}))
+    after = parse_ttft_buckets(exposition({"0.01": 1, "0.02": 51, "0.1": 101, "+Inf": 101}))
+    assert before == {0.01: 2.0, 0.02: 2.0, 0.1: 2.0, float("inf"): 2.0}
+    assert after is not None
+    # The run added 0 below 10 ms, 100 in (10, 20] ms, 100 in (20, 100] ms: 200 in all.
+    assert histogram_quantile(0.5, before, after) == pytest.approx(0.02)
+    assert histogram_quantile(0.25, before, after) == pytest.approx(0.015)
+    assert histogram_quantile(0.99, before, after) == pytest.approx(0.02 + 0.08 * 98 / 100)
+    assert histogram_quantile(0.5, after, after) is None  # nothing observed in between
+    assert parse_ttft_buckets("# no histogram here\nother_metric 1") is None
