@@ -187,6 +187,18 @@ async def build_app(cluster: VllmCluster, *, model_name: str | None = None, fron
     return TracksideMiddleware(app, retry_after_s=max(1.0, cluster.ttft_slo_s))
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` for uvicorn to serve on. Made with ``IPPROTO_TCP`` as its protocol, as
+    asyncio's own ``create_server`` makes them: asyncio turns Nagle's algorithm off (``TCP_NODELAY``) only on
+    connections whose socket says so. A socket made with protocol 0 left Nagle on for every connection, so a small
+    write that followed another (the first SSE chunk after the response's headers) could wait for the client's
+    delayed ACK, up to 40 ms on Linux: the TTFT tail of docs/vllm.md (found 2026-11-26)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
 class OpenAIServer:
     """uvicorn serving vLLM's OpenAI app over the cluster, on a loopback (or given) address, in the running loop.
 
@@ -204,9 +216,7 @@ class OpenAIServer:
         self._metrics = metrics
         self.app: Any = None
         """The ASGI app served (set by :meth:`start`)."""
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
+        self._sock = listening_socket(host, port)
         self.host = host
         self.port = int(self._sock.getsockname()[1])
         """The bound port (the one the OS chose for ``port=0``)."""
