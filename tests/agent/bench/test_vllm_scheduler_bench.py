@@ -16,12 +16,14 @@ from bench_scripts import bench_script
 pytestmark = pytest.mark.vllm
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_every_policy_gets_a_ratio_and_a_plan_share(capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                    monkeypatch: pytest.MonkeyPatch, async_scheduling: bool) -> None:
     with bench_script("bench_vllm_scheduler") as bench:
         assert bench.parse_shapes("256x1000,64x8") == [(256, 1000), (64, 8)]
         monkeypatch.setattr(sys, "argv", ["bench", "--shapes", "8x4,4x0", "--policies", "vllm,fairbatching",
-                                          "--steps", "5", "--repeats", "1"])
+                                          "--steps", "5", "--repeats", "1",
+                                          *(["--async-scheduling"] if async_scheduling else [])])
         assert bench.main() == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["shape", "scheduler", "us/step", "ratio", "plan", "us", "plan"]
