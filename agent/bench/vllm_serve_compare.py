@@ -236,15 +236,15 @@ def ttft_buckets(base_url: str) -> dict[float, float] | None:
 
 
 def parse_ttft_buckets(text: str) -> dict[float, float] | None:
-    """:func:`ttft_buckets` from a Prometheus text exposition."""
+    """:func:`ttft_buckets` from a Prometheus text exposition (read by ``prometheus_client``'s parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[float, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(TTFT_METRIC + "{"):
-            continue
-        labels, _, value = line.rpartition(" ")
-        le = labels.split('le="', 1)[1].split('"', 1)[0]
-        bound = float("inf") if le == "+Inf" else float(le)
-        out[bound] = out.get(bound, 0.0) + float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == TTFT_METRIC:
+                bound = float(sample.labels["le"])  # "+Inf" included
+                out[bound] = out.get(bound, 0.0) + float(sample.value)
     return out or None
 
 

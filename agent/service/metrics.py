@@ -90,15 +90,9 @@ class NodeMetrics:
     num_control_changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CONTROL_ACTIONS, 0))
     """Applied control changes by action."""
 
-    def observe_step(self, record: StepRecord) -> None:
-        uid = record.unit_id
-        _histogram(self.step_s, uid, STEP_BUCKETS_S).observe(record.duration_s)
-        self.num_prompt_tokens[uid] = self.num_prompt_tokens.get(uid, 0) + record.num_prefill_tokens
-        self.num_generation_tokens[uid] = self.num_generation_tokens.get(uid, 0) + record.num_decode_tokens
-        self.num_preemptions[uid] = self.num_preemptions.get(uid, 0) + record.num_preempted
-
     def observe_steps(self, records: Iterable[StepRecord]) -> None:
-        """:meth:`observe_step` for each of ``records`` (the hub's flush: one pass over a run of steps)."""
+        """Count ``records``: each step's duration in its unit's histogram, its prompt and generated tokens and its
+        preemptions (the hub's flush: one pass over a run of steps)."""
         step_s, prompt, generation, preemptions = (self.step_s, self.num_prompt_tokens, self.num_generation_tokens,
                                                    self.num_preemptions)
         num_buckets = len(STEP_BUCKETS_S)

@@ -412,19 +412,16 @@ class PolicySchedulerMixin:
         return result
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        """A request finished: while an output is applied, its output and prompt lengths are kept for the step's
-        record (vLLM forgets the request when it frees its blocks, in this call or later)."""
+        """A request finished or was aborted: the policy's per-request state leaves with it, and while an output is
+        applied its output and prompt lengths are kept for the step's record (vLLM forgets the request when it frees
+        its blocks, in this call or later)."""
+        rid = request.request_id
         finishing = self.ts_finishing
         if finishing is not None:
-            finishing[request.request_id] = (request.num_output_tokens, request.num_prompt_tokens)
-        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
-
-    def _free_blocks(self, request: Any) -> None:
-        """vLLM lets go of a finished or aborted request here: so does the policy's per-request state."""
-        super()._free_blocks(request)  # type: ignore[misc]
-        rid = request.request_id
+            finishing[rid] = (request.num_output_tokens, request.num_prompt_tokens)
         self.ts_first_token.pop(rid, None)
         self.ts_slo.pop(rid, None)
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     # -- records ----------------------------------------------------------------------------------
     def _ts_record(self, pending: _Pending, out: Any, finishing: dict[str, tuple[int, int]], t_out: float) -> None:
