@@ -11,6 +11,7 @@ skips the generic ``__setattr__`` machinery. Nothing else changes: the class is 
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 from typing import Any, TypeVar
 
@@ -65,4 +66,24 @@ def fast_init(cls: type[T]) -> type[T]:
     return cls
 
 
-__all__ = ["fast_init"]
+def _reduce(obj: Any) -> tuple[type[Any], tuple[Any, ...]]:
+    return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+
+
+def picklable(*classes: type[Any]) -> None:
+    """Pickle and copy instances of these frozen dataclasses by calling the constructor with their fields.
+
+    For the frozen dataclasses of the modules that ``setup.py`` compiles with mypyc: a compiled frozen dataclass
+    unpickles by setting its fields one by one, which its frozen ``__setattr__`` refuses (the process pools of
+    ``trackside whatif`` and ``bench --jobs`` send configs and results that way). The constructor gives the same
+    object, compiled or not. Call it once, after the classes, in the module that defines them."""
+    for cls in classes:
+        params = getattr(cls, "__dataclass_params__", None)
+        if params is None or not params.frozen:
+            raise TypeError(f"{cls.__qualname__}: picklable is for frozen dataclasses")
+        if any(not f.init or f.kw_only for f in dataclasses.fields(cls)):
+            raise TypeError(f"{cls.__qualname__}: picklable takes only plain positional-or-keyword fields")
+        copyreg.pickle(cls, _reduce)
+
+
+__all__ = ["fast_init", "picklable"]

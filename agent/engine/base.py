@@ -20,6 +20,10 @@ from policies.params import ParamValue
 from policies.types import ReasonValue, RequestView, StepMode, UnitLoad
 
 
+class PlanError(RuntimeError):
+    """A batch policy returned a plan the mechanism cannot execute (raised by the simulated unit)."""
+
+
 @fast_init
 @dataclass(frozen=True, slots=True)
 class SubmittedRequest:

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from agent.engine.base import Migrant, RequestOutcome, StepRecord, StepResult, SubmittedRequest
+from agent.engine.base import Migrant, PlanError, RequestOutcome, StepRecord, StepResult, SubmittedRequest
 from agent.engine.timing import StepTimer
 from policies.base import BatchPolicy
 from policies.batch.common import mode_of
@@ -41,10 +41,6 @@ ROLES = ("mixed", "prefill", "decode")
 
 _IGNORES_STEPS = BatchPolicy.observe_step
 """The default :meth:`BatchPolicy.observe_step`, which does nothing with its feedback."""
-
-
-class PlanError(RuntimeError):
-    """A batch policy returned a plan the mechanism cannot execute."""
 
 
 class _Req:
@@ -579,4 +575,5 @@ def _outstanding_prefill(req: _Req) -> int:
     return 0 if (req.output > 0 and pending == 1) else pending
 
 
+# PlanError lives in base.py and is re-exported here: mypyc (setup.py) compiles no subclass of a built-in exception.
 __all__ = ["CostModel", "FixedCostModel", "PlanError", "SimUnit"]

@@ -52,7 +52,8 @@ HETEROGENEITY_POINTS: tuple[tuple[int, float, float], ...] = (
 def fit_heterogeneity(points: tuple[tuple[int, float, float], ...] = HETEROGENEITY_POINTS) -> float:
     """Least-squares ``h`` of ``slowdown = h * cv / n`` through the origin."""
     xs = [cv / n for n, cv, _ in points]
-    return sum(x * s for x, (_, _, s) in zip(xs, points, strict=True)) / sum(x * x for x in xs)
+    # Start values 0.0: mypyc (setup.py) miscompiles an operation on two start-less sum()s as integers.
+    return sum((x * s for x, (_, _, s) in zip(xs, points, strict=True)), 0.0) / sum((x * x for x in xs), 0.0)
 
 
 HETEROGENEITY_H = fit_heterogeneity()

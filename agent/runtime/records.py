@@ -12,6 +12,7 @@ from typing import Literal
 
 from agent.engine.base import Migrant, RequestOutcome, StepRecord
 from agent.workload.types import RequestSpec
+from policies.frozen import picklable
 from policies.types import DispatchDecision, UnitLoad
 
 
@@ -97,3 +98,6 @@ class Transfer:
     migrant: Migrant | None = None
     switch_due: bool = False
     """The copy finished while the request was in its source's step: switch at that step's end."""
+
+
+picklable(MigrationConfig, MigrationRecord)  # compiled with mypyc (setup.py): see picklable

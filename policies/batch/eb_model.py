@@ -41,6 +41,7 @@ import numpy as np
 
 from policies.batch.eb_survival import FloatArray, check_survival, cumulative_survival, phase_ends, tail_hazard
 from policies.cost.step_model import StepCoefficients
+from policies.frozen import picklable
 
 __all__ = [
     "Crossover",
@@ -352,3 +353,6 @@ def crossover(rho: float, costs: PhaseCosts, r_adv: float, margin: float) -> Cro
     lhs = costs.beta_mix(rho) - costs.beta_bar(rho)
     rhs = r_adv + margin
     return Crossover(lhs > rhs, lhs, rhs)
+
+
+picklable(PhaseCosts)  # compiled with mypyc (setup.py): see picklable

@@ -44,6 +44,8 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, request_id_of
 from policies.batch.eb_costs import PhaseCostEstimator
@@ -98,6 +100,7 @@ EB_PARAMS: tuple[ParamSpec, ...] = (
 )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class ExclusiveBatching(BatchPolicy):
     """Decode-only and prefill-only phases, switching at an adaptive threshold."""
 

@@ -92,6 +92,8 @@ import math
 from collections import deque
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import BatchPolicy
 from policies.batch.common import mode_of
 from policies.cost.step_model import StepCoefficients
@@ -99,6 +101,7 @@ from policies.params import MAX_REQUESTS, MAX_SLO_MS, MAX_STEP_TOKENS, ParamSpec
 from policies.types import ReasonValue, ScheduledTokens, StepFeedback, StepPlan, UnitView
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class FairBatching(BatchPolicy):
     """Slack-envelope batching with an adaptive time budget and a prefill admission budget."""
 
@@ -442,6 +445,7 @@ class FairBatching(BatchPolicy):
         return pab
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class FairBatchingPab(FairBatching):
     """FairBatching that refuses requests whose prompt exceeds the prefill admission budget."""
 

@@ -31,6 +31,8 @@ import math
 from collections import deque
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import BatchPolicy
 from policies.batch.eb_model import PhaseCosts, mixing_advantage_per_token
 from policies.batch.exclusive import EB_PARAMS, ExclusiveBatching
@@ -42,6 +44,7 @@ RHO_MARGIN = 0.05
 """How far outside the decode shares of the fitted mixed steps the fitted ``beta_mix`` is still trusted."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class HybridEB(BatchPolicy):
     """EB+: exclusive or mixed, per step, by the crossover rule."""
 

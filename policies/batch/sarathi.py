@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, mode_of, request_id_of
 from policies.cost.step_model import StepCoefficients
@@ -42,6 +44,7 @@ def budget_for_target(cost: StepCoefficients, target_s: float, context_tokens: i
     return max(1, min(cap, int(room // per_token)))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class Sarathi(BatchPolicy):
     """Decode-first with a fixed token budget derived from a TBT target."""
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, request_id_of, step_mode
 from policies.params import MAX_REQUESTS, ParamSpec
 from policies.types import ScheduledTokens, StepPlan, UnitView
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class StaticBatching(BatchPolicy):
     """Run a fixed batch to completion before admitting anything new."""
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, mode_of, request_id_of
 from policies.params import MAX_STEP_TOKENS, ParamSpec
 from policies.types import ScheduledTokens, StepPlan, UnitView
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class VllmDefault(BatchPolicy):
     """vLLM v1's continuous batching with chunked prefill, FCFS."""
 

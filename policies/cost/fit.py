@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.cost.step_model import StepCoefficients
+from policies.frozen import picklable
 
 __all__ = ["FitStats", "OnlineStepModel", "evaluate", "fit_step_model"]
 
@@ -324,3 +325,6 @@ class OnlineStepModel:
     def num_updates(self) -> int:
         """Steps folded in since construction or the last :meth:`reset`."""
         return self._num_updates
+
+
+picklable(FitStats)  # compiled with mypyc (setup.py): see picklable

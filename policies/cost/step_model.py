@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.frozen import fast_init
+from policies.frozen import fast_init, picklable
 
 
 @fast_init
@@ -38,3 +38,6 @@ class StepCoefficients:
     def predict_s(self, new_tokens: int, context_tokens: int, num_requests: int = 0) -> float:
         """Predicted duration of a step, in seconds (``num_requests`` scheduled requests; 0 leaves ``d`` out)."""
         return self.a_s + self.b_s * new_tokens + self.c_s * context_tokens + self.d_s * num_requests
+
+
+picklable(StepCoefficients)  # compiled with mypyc (setup.py): see picklable

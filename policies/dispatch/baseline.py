@@ -11,11 +11,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import DispatchPolicy
 from policies.params import ParamSpec
 from policies.types import DispatchDecision, HandoffRequest, PendingRequest, UnitLoad
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class RoundRobin(DispatchPolicy):
     """Healthy units in turn."""
 
@@ -78,6 +81,7 @@ class LoadScores:
         return unit
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class LeastLoaded(DispatchPolicy):
     """Minimum of ``waiting_weight * waiting + running``."""
 

@@ -64,6 +64,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import DispatchPolicy
 from policies.cost.step_model import StepCoefficients
 from policies.dispatch.cascade_bidask import Bid, BidAskConfig, BidOutcome, MigrationPlanner, select_bid
@@ -177,6 +179,7 @@ CASCADE_PARAMS: tuple[ParamSpec, ...] = (
 )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class CascadeInfer(DispatchPolicy):
     """Length-staged units; hand-over of outgrown requests; bid-ask rebalancing inside a stage."""
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from policies.cost.step_model import StepCoefficients
 from policies.dispatch.cascade_stages import StageMap, demand_tokens
+from policies.frozen import picklable
 from policies.types import Migration, RunningRequest, UnitLoad
 
 __all__ = ["Bid", "BidAskConfig", "BidOutcome", "MigrationPlanner", "select_bid"]
@@ -356,3 +357,6 @@ class MigrationPlanner:
 
 
 _IS_MIGRATING = operator.attrgetter("migrating")
+
+
+picklable(Bid, BidOutcome, BidAskConfig)  # compiled with mypyc (setup.py): see picklable

@@ -56,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.cost.step_model import StepCoefficients
+from policies.frozen import picklable
 
 __all__ = [
     "BatchFeatures",
@@ -272,3 +273,6 @@ def fit_qoe_samples(samples: Sequence[QoeSample], *, nonnegative: bool = True) -
         [s.normalized_latency_s for s in samples],
         nonnegative=nonnegative,
     )
+
+
+picklable(BatchFeatures, QoeSample, QoeCoefficients, QoeFit)  # compiled with mypyc (setup.py): see picklable

@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.dispatch.cascade_model import QoeCoefficients
+from policies.frozen import picklable
 
 __all__ = [
     "Partition",
@@ -383,7 +384,8 @@ def partition_fast(table: StageCostTable, num_units: int) -> Partition:
         push(a)
     order = [j for j in range(n_st) if alive[j]]
     final_cuts = (*(lo[j] for j in order), kb)
-    total = sum(cost[j] for j in order) + sum(float(cut[c]) for c in final_cuts[1:-1])
+    # Start values 0.0: mypyc (setup.py) miscompiles the sum of two start-less sum()s as integers.
+    total = sum((cost[j] for j in order), 0.0) + sum((float(cut[c]) for c in final_cuts[1:-1]), 0.0)
     return Partition(final_cuts, tuple(units[j] for j in order), total, table.edges)
 
 
@@ -455,3 +457,6 @@ def refine_boundary(
     b = int(np.argmin(head + tail))
     proposal = int(merged[b][1])
     return Refinement((1.0 - alpha) * current + alpha * proposal, proposal, False)
+
+
+picklable(Partition, Refinement)  # compiled with mypyc (setup.py): see picklable

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from policies.dispatch.baseline import LoadScores
 from policies.dispatch.cascade_model import QoeCoefficients
 from policies.dispatch.cascade_partition import LengthPair, refine_boundary
+from policies.frozen import picklable
 from policies.types import PendingRequest, UnitLoad
 
 __all__ = ["RecentLengths", "Stage", "StageMap", "demand_tokens"]
@@ -179,3 +180,6 @@ def demand_tokens(u: UnitLoad) -> int:
 
 def _pairs(u: UnitLoad) -> list[LengthPair]:
     return [(r.prompt_tokens, max(r.context_tokens, r.prompt_tokens)) for r in u.requests]
+
+
+picklable(Stage)  # compiled with mypyc (setup.py): see picklable

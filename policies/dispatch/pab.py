@@ -68,6 +68,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import DispatchPolicy
 from policies.params import ParamSpec, ParamValue
 from policies.types import DispatchDecision, PendingRequest, ReasonValue, UnitLoad
@@ -83,6 +85,7 @@ class _Budget:
     """Reported budget minus what this balancer placed since (None: the unit reports none)."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class PabBalancer(DispatchPolicy):
     """Each request to the unit with the largest prefill admission budget that covers its prompt."""
 

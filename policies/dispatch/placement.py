@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from policies.frozen import picklable
 from policies.types import HandoffRequest, PendingRequest, UnitLoad
 
 
@@ -242,3 +243,6 @@ def place_iqr_lex(
     pool = [u for u in units if u.healthy] or list(units)
     state = [(u.unit_id, u.num_running + u.num_waiting, u.kv_tokens) for u in pool]
     return place_lexicographic([(h.request_id, h.context_tokens) for h in handoffs], state, k)
+
+
+picklable(FillResult)  # compiled with mypyc (setup.py): see picklable

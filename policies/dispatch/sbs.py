@@ -51,6 +51,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import DispatchPolicy
 from policies.dispatch.placement import (
     HeadroomModel,
@@ -88,6 +90,7 @@ class _UnitState:
     """``steps_done`` at the watchdog reset."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass shipped policies
 class StaggeredBatch(DispatchPolicy):
     """Buffered, staggered dispatch cycles with chunk-capacity water-filling."""
 

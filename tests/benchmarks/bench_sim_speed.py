@@ -1,7 +1,7 @@
 """Simulator speed: replay the whole Azure code trace on simulated H100 units in virtual time.
 
     python tests/benchmarks/bench_sim_speed.py [--units 4] [--repeat 3] [--batch-policy vllm] [--limit N]
-    python tests/benchmarks/bench_sim_speed.py --against REV [--repeats 3] [--limit N]
+    python tests/benchmarks/bench_sim_speed.py --against REV [--repeats 3] [--limit N] [--build]
 
 Prints wall time, unit-steps per second and requests per second for each repetition and the median.
 Target (issue #2): the full trace (8,819 requests, one hour) on 4 units under 30 s on the 2-core machine.
@@ -12,6 +12,8 @@ then prints each tree's median unit-steps/s and their ratio, this tree over REV 
 of wall time, the median of each adjacent pair's ratio (robust to the machine's load drifting over the runs) and
 of CPU time (robust to other processes taking turns on the cores of a shared machine).
 The worktree is removed afterwards, also on an error or ^C. Both trees replay the same trace file (this tree's).
+Each run says which code it ran: this tree's compiled modules (``setup.py``; an install builds them) or its source
+(``TRACKSIDE_PURE=1``, or stale). REV's worktree runs its source unless ``--build`` compiles it first.
 Results are recorded in docs/benchmarks.md.
 """
 
@@ -63,6 +65,8 @@ class Sample:
     wall_s: float
     cpu_s: float
     steps: int
+    code: str = "?"
+    """Compiled or source (``policies._compiled.STATE`` in the child)."""
 
     @property
     def steps_per_s(self) -> float:
@@ -123,6 +127,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--limit", type=int, metavar="N", help="replay only the trace's first N requests")
     parser.add_argument("--against", metavar="REV", help="time this tree against REV's, alternately (see above)")
+    parser.add_argument("--build", action="store_true",
+                        help="with --against: compile REV's modules in its worktree too (its setup.py, if it has "
+                             "one), so that both trees run compiled; without it REV runs its source")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeat < 1 or (args.limit is not None and args.limit < 1):
@@ -152,7 +159,7 @@ def run_here(args: argparse.Namespace) -> None:
     workload = load_trace(args.trace, limit=args.limit)
     load_s = time.perf_counter() - t0
     print(f"machine: {platform.machine()} {platform.processor() or ''} python {platform.python_version()}")
-    print(f"trace: {args.trace.name}, {len(workload):,} requests, loaded in {load_s:.2f} s")
+    print(f"trace: {args.trace.name}, {len(workload):,} requests, loaded in {load_s:.2f} s; code: {code_state()}")
     walls = []
     for i in range(args.repeat):
         r = time_replay(args)
@@ -171,7 +178,22 @@ def run_child(args: argparse.Namespace) -> None:
     import agent
 
     r = time_replay(args)
-    print(RESULT + json.dumps({"wall_s": r.wall_s, "cpu_s": r.cpu_s, "steps": r.steps, "agent": agent.__file__}))
+    print(RESULT + json.dumps({"wall_s": r.wall_s, "cpu_s": r.cpu_s, "steps": r.steps, "agent": agent.__file__,
+                               "code": code_state()}))
+
+
+def code_state() -> str:
+    """Whether this process runs the compiled modules (``setup.py``) or the source, and why."""
+    import agent
+
+    try:
+        from policies import _compiled
+    except ImportError:  # a tree from before setup.py compiled anything
+        return "pure (no setup.py)"
+    # An editable install's finder serves a module this tree lacks from the installed tree: not this tree's state.
+    if not Path(_compiled.__file__).resolve().is_relative_to(Path(agent.__file__).resolve().parents[1]):
+        return "pure (no setup.py)"
+    return _compiled.STATE
 
 
 def git(repo: Path, *args: str) -> str:
@@ -220,13 +242,17 @@ def time_in(tree: Path, label: str, args: argparse.Namespace) -> Sample:
     result = json.loads(lines[-1].removeprefix(RESULT))
     if not Path(result["agent"]).resolve().is_relative_to(tree.resolve()):
         raise SystemExit(f"the run meant for {tree} imported agent from {result['agent']}")
-    return Sample(label, result["wall_s"], result["cpu_s"], result["steps"])
+    return Sample(label, result["wall_s"], result["cpu_s"], result["steps"], result.get("code", "?"))
 
 
 def run_against(args: argparse.Namespace) -> None:
     print(f"machine: {platform.machine()} {platform.processor() or ''} python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs")
     with worktree(args.against) as other:
+        if args.build and (other / "setup.py").exists():
+            print(f"building {args.against}'s compiled modules in its worktree ...", flush=True)
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=other, check=True,
+                           capture_output=True)
         trees = {"A": ROOT, "B": other}
         print(f"A: this tree, {ROOT} ({describe_tree(ROOT)})")
         print(f"B: {args.against}, {other} ({describe_tree(other)})")
@@ -237,7 +263,7 @@ def run_against(args: argparse.Namespace) -> None:
             sample = time_in(trees[label], label, args)
             samples.append(sample)
             print(f"run {i + 1} ({label}): {sample.wall_s:.2f} s wall, {sample.cpu_s:.2f} s CPU, "
-                  f"{sample.steps:,} unit-steps ({sample.steps_per_s:,.0f}/s)", flush=True)
+                  f"{sample.steps:,} unit-steps ({sample.steps_per_s:,.0f}/s); code: {sample.code}", flush=True)
     result = compare(samples)
     print(f"median unit-steps/s: A {result.a_steps_per_s:,.0f}, B {result.b_steps_per_s:,.0f}")
     print(f"ratio A/B {result.ratio:.3f} (above 1: this tree is faster); median of the pairs' ratios "
