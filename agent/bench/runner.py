@@ -305,8 +305,12 @@ def run_once(
     *,
     progress: Callable[[int, int], None] | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
+    on_migrate: Callable[[MigrationRecord], None] | None = None,
 ) -> RunResult:
     """Replay ``workload`` (arrivals scaled by ``config.time_scale``) and summarize the run.
+
+    ``on_step`` sees every step record and ``on_migrate`` every migration as the node makes them; the finished
+    requests are the result's ``outcomes``.
 
     Requests whose prompt cannot fit the model length are rejected up front and counted.
     ``progress(done, total)`` is called now and then with the number of finished or rejected requests.
@@ -330,13 +334,15 @@ def run_once(
     def on_dispatch(_: int, loads: Sequence[UnitLoad], decision: DispatchDecision) -> None:
         cluster.add_decision(node.now_s, decision)
 
-    def on_migrate(m: MigrationRecord) -> None:
+    def record_migration(m: MigrationRecord) -> None:
         cluster.add_migration(m.reason, m.mechanism)
+        if on_migrate is not None:
+            on_migrate(m)
 
     outcomes: list[RequestOutcome] = []
     node = build_node(
         config, profile, runnable, batch_params, dispatch_params,
-        on_step=record, on_finish=outcomes.append, on_dispatch=on_dispatch, on_migrate=on_migrate,
+        on_step=record, on_finish=outcomes.append, on_dispatch=on_dispatch, on_migrate=record_migration,
     )
     units = node.units
     dispatcher = node.dispatcher
