@@ -23,9 +23,19 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
+
+_T = TypeVar("_T")
+
+try:
+    # Re-exported for the compiled policies (mypy, and so mypyc, resolve it to mypy_extensions.mypyc_attr).
+    from mypy_extensions import mypyc_attr as mypyc_attr
+except ImportError:  # the source run where mypy_extensions is not installed (the GPU machine's bundle): a no-op
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_T], _T]:
+        return lambda cls: cls
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory that holds the ``policies`` and ``agent`` packages (the project root, or site-packages)."""

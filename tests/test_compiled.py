@@ -151,3 +151,17 @@ def test_every_shipped_policy_can_be_subclassed_by_a_plugin(name: str) -> None:
     cls = BATCH_POLICIES.get(name) or DISPATCH_POLICIES[name]
     sub = type(f"Plugin{cls.__name__}", (cls,), {"__module__": __name__})
     assert issubclass(sub, cls)
+
+
+def test_the_source_runs_without_mypy_extensions() -> None:
+    """The GPU machine runs the source from PYTHONPATH with a bundle that lacks mypy_extensions: mypyc_attr is then
+    a no-op of policies/_compiled.py's own."""
+    probe = ("import sys; sys.modules['mypy_extensions'] = None\n"
+             "from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES\n"
+             "from policies.batch.vllm_default import VllmDefault\n"
+             "class Mine(VllmDefault):\n    name = 'mine'\n"
+             "print(len(BATCH_POLICIES) + len(DISPATCH_POLICIES), Mine().name)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**_env(), "TRACKSIDE_PURE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(len(BATCH_POLICIES) + len(DISPATCH_POLICIES)), "mine"]

@@ -44,8 +44,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from mypy_extensions import mypyc_attr
-
+from policies._compiled import mypyc_attr
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, request_id_of
 from policies.batch.eb_costs import PhaseCostEstimator

@@ -92,8 +92,7 @@ import math
 from collections import deque
 from typing import ClassVar
 
-from mypy_extensions import mypyc_attr
-
+from policies._compiled import mypyc_attr
 from policies.base import BatchPolicy
 from policies.batch.common import mode_of
 from policies.cost.step_model import StepCoefficients

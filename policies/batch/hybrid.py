@@ -31,8 +31,7 @@ import math
 from collections import deque
 from typing import ClassVar
 
-from mypy_extensions import mypyc_attr
-
+from policies._compiled import mypyc_attr
 from policies.base import BatchPolicy
 from policies.batch.eb_model import PhaseCosts, mixing_advantage_per_token
 from policies.batch.exclusive import EB_PARAMS, ExclusiveBatching

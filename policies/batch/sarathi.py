@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from mypy_extensions import mypyc_attr
-
+from policies._compiled import mypyc_attr
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, mode_of, request_id_of
 from policies.cost.step_model import StepCoefficients

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from mypy_extensions import mypyc_attr
-
+from policies._compiled import mypyc_attr
 from policies.base import BatchPolicy
 from policies.batch.common import chunk, request_id_of, step_mode
 from policies.params import MAX_REQUESTS, ParamSpec

@@ -11,8 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
-from mypy_extensions import mypyc_attr
-
+from policies._compiled import mypyc_attr
 from policies.base import DispatchPolicy
 from policies.params import ParamSpec
 from policies.types import DispatchDecision, HandoffRequest, PendingRequest, UnitLoad

@@ -64,8 +64,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from mypy_extensions import mypyc_attr
-
+from policies._compiled import mypyc_attr
 from policies.base import DispatchPolicy
 from policies.cost.step_model import StepCoefficients
 from policies.dispatch.cascade_bidask import Bid, BidAskConfig, BidOutcome, MigrationPlanner, select_bid

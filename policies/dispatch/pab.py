@@ -68,8 +68,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mypy_extensions import mypyc_attr
-
+from policies._compiled import mypyc_attr
 from policies.base import DispatchPolicy
 from policies.params import ParamSpec, ParamValue
 from policies.types import DispatchDecision, PendingRequest, ReasonValue, UnitLoad

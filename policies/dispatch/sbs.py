@@ -51,8 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mypy_extensions import mypyc_attr
-
+from policies._compiled import mypyc_attr
 from policies.base import DispatchPolicy
 from policies.dispatch.placement import (
     HeadroomModel,
