@@ -165,3 +165,17 @@ def test_the_source_runs_without_mypy_extensions() -> None:
                           env={**_env(), "TRACKSIDE_PURE": "1"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(len(BATCH_POLICIES) + len(DISPATCH_POLICIES)), "mine"]
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_trackside_version_says_which_code_runs(pure: bool) -> None:
+    env = {**_env(), "TRACKSIDE_PURE": "1"} if pure else _env()
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "--version"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert line.startswith("trackside ") and f"python {sys.version.split()[0]}; code: " in line
+    if pure:
+        assert line.endswith("code: pure: TRACKSIDE_PURE=1)") or line.endswith("code: pure)")
+    else:
+        assert line.endswith(f"code: {_compiled.STATE})")

@@ -61,12 +61,27 @@ class CliError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
 
 
+def version_line() -> str:
+    """``trackside VERSION (python X.Y.Z; code: compiled | pure...)``: the code state is ``policies._compiled``'s."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from policies._compiled import STATE
+
+    try:
+        ours = version("trackside")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        ours = "(not installed)"
+    return f"trackside {ours} (python {sys.version.split()[0]}; code: {STATE})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trackside",
         description="Operator console and control plane for LLM serving: research scheduling policies, "
         "step telemetry, and a simulator calibrated on H100 measurements.",
     )
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="the version, the Python it runs on, and whether its hot path runs compiled")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
