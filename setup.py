@@ -56,23 +56,30 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-        except Exception as exc:
+        except Exception as exc:  # any compiler or linker failure: install the pure source
             for ext in self.extensions:
-                for path in (self.get_ext_fullpath(ext.name),):
-                    Path(path).unlink(missing_ok=True)
-            MANIFEST.unlink(missing_ok=True)
-            print(f"trackside: compiling the simulator's hot path failed ({exc}); installing pure Python "
-                  "(the same code, slower)", file=sys.stderr)
+                Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
+            pure(f"compiling the simulator's hot path failed ({exc})")
 
 
-def remove_stale_extensions() -> None:
-    """Delete compiled modules left in the source tree by an earlier editable install that no longer compiles them
-    (Python would still import them ahead of their source)."""
-    names = {path.removesuffix(".py") for path in COMPILED} | {"policies/_native__mypyc"}
+def remove_stale_extensions(*, keep_compiled: bool = True) -> None:
+    """Delete compiled modules left in the source tree by an earlier editable install that no longer compiles them,
+    or all of them (``keep_compiled=False``: this build compiles nothing); Python would still import them ahead of
+    their source."""
+    names = {path.removesuffix(".py") for path in COMPILED} | {"policies/_native__mypyc"} if keep_compiled else set()
     for folder in ("agent", "policies"):
         for path in (ROOT / folder).rglob("*.so"):
             if str(path.relative_to(ROOT)).split(".")[0] not in names:
                 path.unlink()
+
+
+def pure(why: str) -> list[Any]:
+    """Build no extension (and leave none from an earlier build in the source tree)."""
+    remove_stale_extensions(keep_compiled=False)
+    MANIFEST.unlink(missing_ok=True)
+    if why:
+        print(f"trackside: {why}; installing pure Python (the same code, slower)", file=sys.stderr)
+    return []
 
 
 def write_manifest() -> None:
@@ -86,21 +93,21 @@ def write_manifest() -> None:
 
 def ext_modules() -> list[Any]:
     if os.environ.get("TRACKSIDE_PURE") == "1":
-        MANIFEST.unlink(missing_ok=True)
-        return []
+        return pure("")
     try:
         from mypyc.build import mypycify
     except ImportError:  # building without the build-system requirements (e.g. --no-build-isolation, no mypy)
-        print("trackside: mypyc not found; installing pure Python", file=sys.stderr)
-        MANIFEST.unlink(missing_ok=True)
-        return []
-    write_manifest()
+        return pure("mypyc not found")
     old_cwd = os.getcwd()
     os.chdir(ROOT)  # mypycify takes paths relative to the project root and names modules after them
     try:
-        return list(mypycify(list(COMPILED), opt_level="3", debug_level="1", group_name="policies._native"))
+        extensions = list(mypycify(list(COMPILED), opt_level="3", debug_level="1", group_name="policies._native"))
+    except (Exception, SystemExit) as exc:  # mypyc's type check failed (it exits): install the pure source
+        return pure(f"mypyc could not compile the hot path ({exc!r}; its errors are above)")
     finally:
         os.chdir(old_cwd)
+    write_manifest()
+    return extensions
 
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests read COMPILED without building
