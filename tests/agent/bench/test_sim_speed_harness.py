@@ -45,3 +45,11 @@ def test_the_options(bench: ModuleType) -> None:
     assert bench.parse_args(argv[2:]).child
     with pytest.raises(SystemExit):
         bench.parse_args(["--repeats", "0"])
+
+
+def test_each_run_says_which_code_it_ran(bench: ModuleType) -> None:
+    from policies._compiled import STATE
+
+    assert bench.code_state() == STATE  # this tree's own check, not another tree's served by an editable install
+    assert bench.parse_args(["--against", "HEAD", "--build"]).build
+    assert not bench.parse_args(["--against", "HEAD"]).build
