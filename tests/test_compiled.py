@@ -8,6 +8,7 @@ import copyreg
 import dataclasses
 import hashlib
 import importlib
+import os
 import pickle
 import runpy
 import subprocess
@@ -100,8 +101,6 @@ def test_trackside_pure_at_run_time_imports_no_compiled_module() -> None:
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {k: v for k, v in os.environ.items() if k != "TRACKSIDE_PURE"}
 
 
