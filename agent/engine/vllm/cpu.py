@@ -77,9 +77,11 @@ def cpu_vllm_config(*, max_num_batched_tokens: int = 512, max_num_seqs: int = 32
 
 
 def engine_versions() -> dict[str, str]:
-    """vLLM's and torch's versions and the GPU's name (where there is one), for a run's record; an import that
-    fails is reported under ``error``, never raised."""
-    out: dict[str, str] = {}
+    """vLLM's and torch's versions, the GPU's name (where there is one) and whether trackside's policies ran compiled,
+    for a run's record; an import that fails is reported under ``error``, never raised."""
+    from policies._compiled import STATE
+
+    out: dict[str, str] = {"trackside_code": STATE}  # compiled or pure policies (the engine core imports the same tree)
     try:
         import torch
 
