@@ -110,5 +110,16 @@ def ext_modules() -> list[Any]:
     return extensions
 
 
+BUILDS = frozenset({"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop", "bdist_egg"})
+"""setuptools commands that build extensions. pip runs this file three times per install, in separate processes:
+``egg_info`` (the build requirements), ``dist_info`` (the metadata), then ``bdist_wheel`` or ``editable_wheel``. Only
+the last builds, so only it runs mypyc (each run of mypyc type-checks and writes the C code again: ~10 s apiece)."""
+
+
+def metadata_only(argv: list[str]) -> bool:
+    """Whether this run of setup.py only writes metadata (no extension is built, and none is removed)."""
+    return not BUILDS.intersection(argv[1:])
+
+
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests read COMPILED without building
-    setup(ext_modules=ext_modules(), cmdclass={"build_ext": OptionalBuildExt})
+    setup(ext_modules=[] if metadata_only(sys.argv) else ext_modules(), cmdclass={"build_ext": OptionalBuildExt})

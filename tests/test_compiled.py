@@ -23,7 +23,8 @@ from policies.frozen import picklable
 from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPILED: tuple[str, ...] = runpy.run_path(str(ROOT / "setup.py"), run_name="not_main")["COMPILED"]
+SETUP = runpy.run_path(str(ROOT / "setup.py"), run_name="not_main")
+COMPILED: tuple[str, ...] = SETUP["COMPILED"]
 MODULES = [path.removesuffix(".py").replace("/", ".") for path in COMPILED]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
@@ -34,6 +35,19 @@ def test_the_compiled_list_names_existing_modules_of_the_hot_path() -> None:
     assert {"agent.engine.sim", "agent.runtime.node", "policies.batch.fairbatching", "policies.dispatch.sbs"} <= set(
         MODULES)
     assert "policies._compiled" not in MODULES and not any(m.startswith("agent.engine.vllm") for m in MODULES)
+
+
+@pytest.mark.parametrize(("argv", "only"), [
+    (["setup.py", "egg_info"], True),  # pip's build requirements
+    (["setup.py", "dist_info", "--output-dir", "/tmp/x", "--keep-egg-info"], True),  # pip's metadata
+    (["setup.py", "editable_wheel", "--dist-dir", "/tmp/x"], False),  # pip install -e .
+    (["setup.py", "bdist_wheel", "--dist-dir", "/tmp/x"], False),  # pip install .
+    (["setup.py", "-q", "build_ext", "--inplace"], False),  # the GPU machine's in-place build
+])
+def test_only_the_runs_that_build_compile(argv: list[str], only: bool) -> None:
+    """pip runs setup.py three times per install; mypyc runs in the one that builds (``metadata_only``), and a
+    metadata run neither compiles nor removes what an earlier build left."""
+    assert SETUP["metadata_only"](argv) is only
 
 
 def _tree(tmp_path: Path, source: str = "VALUE = 'source'\n") -> dict[str, str]:
