@@ -12,7 +12,8 @@ shows the unit's :class:`~policies.base.BatchPolicy` the running and waiting req
 * per-request token counts (a chunk cap, a request held back this step): the only per-request hook before
   KV allocation, the Mamba block-aligned split (``need_mamba_block_aligned_split``), turned on for the call
   and overridden to return ``min(vLLM's count, the plan's)``; 0 leaves a running request out of the step
-  without preempting it. Valid for models without Mamba layers only (checked at start).
+  without preempting it. Valid for models without Mamba layers only (checked at start). A step where the hook
+  would change nothing (every running request decodes and is planned, none can be admitted) leaves it off.
 
 With the ``vllm`` policy the enforced plan is exactly what vLLM decides on its own (tested step by step on
 randomized request streams, sync and async). :class:`PolicyScheduler` subclasses ``Scheduler`` (for
@@ -115,6 +116,7 @@ class PolicySchedulerMixin:
     requests: dict[str, Any]
     max_num_scheduled_tokens: int
     max_num_running_reqs: int
+    num_waiting_for_streaming_input: int
     max_model_len: int
     need_mamba_block_aligned_split: bool
     kv_cache_manager: Any
@@ -225,8 +227,9 @@ class PolicySchedulerMixin:
         changed; the queued prefill tokens with them (``ts_queued_tokens``)."""
         queue = (*self.skipped_waiting, *self.waiting)
         prev = self.ts_waiting_prev
-        if len(queue) == len(prev[0]) and all(map(operator.is_, queue, prev[0])):
-            # The same requests in the same order: waiting requests compute nothing, so their views hold.
+        if queue == prev[0]:
+            # The same requests in the same order (``Request`` has no ``__eq__``: tuples of them compare by identity,
+            # in C): waiting requests compute nothing, so their views hold.
             return prev[1]
         waiting = tuple(self._ts_views(queue)[0])
         queued = 0
@@ -349,8 +352,8 @@ class PolicySchedulerMixin:
             running.sort(key=lambda r: pos.get(r.request_id, last))
         admits = list(filterfalse(set(running_ids).__contains__, map(_FIRST, plan.entries)))
         self.max_num_scheduled_tokens = max(0, min(int(plan.token_budget), self.ts_max_tokens))
-        self.ts_caps = dict(plan.entries)
-        self.need_mamba_block_aligned_split = True
+        caps = self.ts_caps = dict(plan.entries)
+        self.need_mamba_block_aligned_split = self._ts_caps_bind(caps, len(running))
         try:
             if not self.skipped_waiting and len(self.waiting) >= len(admits) and all(
                 r.request_id == rid for r, rid in zip(self.waiting, admits, strict=False)
@@ -363,6 +366,18 @@ class PolicySchedulerMixin:
             self.need_mamba_block_aligned_split = False
             self.ts_caps = None
             self.max_num_scheduled_tokens = self.ts_max_tokens
+
+    def _ts_caps_bind(self, caps: dict[str, int], num_running: int) -> bool:
+        """Whether the per-request hook must cap this step's requests at their planned tokens. It must not when it
+        would change nothing, which spares vLLM a Python call for every request it schedules (~0.3 us each, 70-80 us
+        at 256 running): every running request decodes (one token) and is planned at least one, and no waiting
+        request can be admitted (vLLM's waiting loop stops at ``max_num_seqs`` before it reaches the hook; a step
+        that preempts admits nothing). Then vLLM schedules exactly the plan's tokens on its own."""
+        decoding = self.ts_decoding
+        if len(decoding) != num_running or not caps.keys() >= decoding or min(caps.values(), default=1) < 1:
+            return True
+        can_admit = num_running + self.num_waiting_for_streaming_input < self.max_num_running_reqs
+        return can_admit and bool(self.waiting or self.skipped_waiting)
 
     def _ts_schedule_reordered(self, admits: list[str], *args: Any, **kwargs: Any) -> Any:
         """Admit ``admits`` in plan order through a temporary waiting queue; the others keep their places."""

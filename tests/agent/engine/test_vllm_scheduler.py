@@ -83,6 +83,40 @@ def test_vllm_policy_equality_property(seed: int, budget: int, seqs: int, blocks
     assert drive(_ours(shape, params=params), stream, lag=lag) == drive(_theirs(shape), stream, lag=lag)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "eb", "static"])
+@pytest.mark.parametrize("seed", range(3))
+def test_steps_that_skip_the_per_request_cap_hook_schedule_what_the_hook_would(async_scheduling: bool, policy: str,
+                                                                                seed: int) -> None:
+    """The cap hook is skipped in a step where it would change nothing (every running request decodes and is
+    planned, no admission possible: ``_ts_caps_bind``). Driven with the hook always on, the same requests give the
+    same steps, and the skip happened (few sequences, so that the running set fills)."""
+    shape = Shape(async_scheduling=async_scheduling, max_num_seqs=4, num_blocks=60 if seed % 2 else 400)
+    stream = random_stream(seed, n=30, max_prompt=300, max_out=30)
+    lag = int(async_scheduling)
+    gated, always = _ours(shape, policy), _ours(shape, policy)
+    skipped: list[bool] = []
+    bind = gated._ts_caps_bind
+
+    def counted(caps: dict[str, int], num_running: int) -> bool:
+        need = bind(caps, num_running)
+        skipped.append(not need)
+        return need
+
+    gated._ts_caps_bind = counted  # type: ignore[method-assign]
+    always._ts_caps_bind = lambda caps, num_running: True  # type: ignore[method-assign]
+    assert drive(gated, stream, lag=lag) == drive(always, stream, lag=lag)
+    assert any(skipped) and not all(skipped)
+
+
+def test_vllm_requests_compare_by_identity() -> None:
+    """``_ts_waiting`` keeps the waiting views while a tuple of the queue's requests compares equal to the last one:
+    that is an identity check only while vLLM's ``Request`` defines no ``__eq__`` of its own."""
+    from vllm.v1.request import Request
+
+    assert Request.__eq__ is object.__eq__
+
+
 _RECORD_FIELDS = ("step_id", "mode", "policy", "num_prefill_tokens", "num_decode_tokens", "num_prefill_reqs",
                   "num_decode_reqs", "context_tokens", "budget_tokens", "kv_used_blocks", "num_running",
                   "num_waiting", "num_preempted", "num_finished", "preempted", "admission_budget",
