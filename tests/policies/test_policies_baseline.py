@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from builders import rview, uview
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from policies.batch.common import chunk, step_mode
 from policies.params import ParamError, ParamSpec, parse_assignments, resolve_params
 from policies.registry import (
     BATCH_POLICIES,
@@ -13,7 +18,7 @@ from policies.registry import (
     make_batch_policy,
     make_dispatch_policy,
 )
-from policies.types import PendingRequest, StepMode, UnitLoad
+from policies.types import PendingRequest, RequestView, ScheduledTokens, StepMode, UnitLoad, UnitView
 
 
 def entries(plan: object) -> list[tuple[str, int]]:
@@ -56,6 +61,51 @@ def test_static_waits_for_the_whole_batch() -> None:
     later = policy.plan(uview(running, [rview("c", 10)], max_num_seqs=8), 1.0)
     assert entries(later) == [("a", 1)]
     assert later.mode is StepMode.DECODE
+
+
+def _static_reference(view: UnitView, batch_size: int) -> tuple[list[tuple[str, int]], StepMode, int]:
+    """Static batching read straight from its rule with the shared helpers (``chunk``, ``step_mode``): the plan's
+    entries, mode and admissions, for checking the policy's inlined loop."""
+    budget, found, admitted = view.max_num_batched_tokens, [], 0
+    if view.running:
+        for req in view.running:
+            if budget <= 0:
+                break
+            n = chunk(req, budget, view.max_model_len)
+            if n:
+                found.append(ScheduledTokens(req.request_id, n))
+                budget -= n
+    else:
+        for req in view.waiting[:min(batch_size or view.max_num_seqs, view.max_num_seqs)]:
+            n = chunk(req, budget, view.max_model_len) if budget > 0 else 0
+            if n <= 0:
+                break
+            found.append(ScheduledTokens(req.request_id, n))
+            budget -= n
+            admitted += 1
+    by_id = {r.request_id: r for r in (*view.running, *view.waiting)}
+    return [(e.request_id, e.num_tokens) for e in found], step_mode(found, by_id), admitted
+
+
+_REQUEST = st.tuples(st.integers(1, 3000), st.one_of(st.integers(0, 3), st.integers(0, 3100)), st.integers(0, 40))
+"""(prompt, tokens still to compute, outputs) of a random request, decodes and nearly-decodes often."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(running=st.lists(_REQUEST, max_size=12), waiting=st.lists(_REQUEST, max_size=12),
+       budget=st.integers(1, 4096), max_len=st.integers(2, 3200), batch_size=st.integers(0, 6))
+def test_static_plans_what_its_rule_says(running: list[tuple[int, int, int]], waiting: list[tuple[int, int, int]],
+                                         budget: int, max_len: int, batch_size: int) -> None:
+    def views(reqs: list[tuple[int, int, int]], tag: str) -> list[RequestView]:
+        return [rview(f"{tag}{i}", p, computed=max(p + o - left, 0), output=o) for i, (p, left, o) in enumerate(reqs)]
+
+    base = uview(views(running, "r"), views(waiting, "w"), budget=budget, max_num_seqs=8)
+    view = dataclasses.replace(base, max_model_len=max_len)
+    plan = make_batch_policy("static", {"batch_size": batch_size}).plan(view, 0.0)
+    expected, mode, admitted = _static_reference(view, batch_size)
+    assert entries(plan) == expected
+    assert plan.mode is mode
+    assert plan.reasons["admitted"] == admitted
 
 
 def load(unit_id: int, waiting: int, running: int, healthy: bool = True) -> UnitLoad:
