@@ -382,9 +382,12 @@ class SimUnit:
         running_ids = {r.spec.request_id for r in self.running}
         if len(plan.running_order) != len(running_ids) or set(plan.running_order) != running_ids:
             raise PlanError(f"{self.policy.name}: running_order must list every running request once")
-        if plan.num_tokens > self.max_num_batched_tokens:
+        planned = 0
+        for _, n in plan.entries:  # StepPlan.num_tokens, summed here in compiled code (the property is Python)
+            planned += n
+        if planned > self.max_num_batched_tokens:
             raise PlanError(
-                f"{self.policy.name}: planned {plan.num_tokens} tokens, above max_num_batched_tokens "
+                f"{self.policy.name}: planned {planned} tokens, above max_num_batched_tokens "
                 f"{self.max_num_batched_tokens}"
             )
         self.running = [requests[rid] for rid in plan.running_order]

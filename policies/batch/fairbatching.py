@@ -196,7 +196,8 @@ class FairBatching(BatchPolicy):
         if cost is not None and feedback.measured_s > 0.0:
             # The error of the prediction this policy planned with (the coefficients of the plan, the loop term
             # included), not the unit's ``predicted_s``, which may leave the loop term out.
-            predicted = cost.predict_s(feedback.new_tokens, feedback.context_tokens, feedback.num_requests)
+            new_tokens = feedback.num_prefill_tokens + feedback.num_decode_tokens  # not the property: Python
+            predicted = cost.predict_s(new_tokens, feedback.context_tokens, feedback.num_requests)
             if predicted > 0.0:
                 self._errors.append(feedback.measured_s / predicted - 1.0)
                 self._since_margin += 1
