@@ -9,13 +9,13 @@ when that time has passed. Every step yields a :class:`StepRecord`; requests yie
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Protocol
+
+import msgspec
 
 from agent.telemetry import DEFAULT_TPOT_METRIC, TpotMetric
 from policies.base import BatchPolicy
 from policies.cost.step_model import StepCoefficients
-from policies.frozen import fast_init
 from policies.params import ParamValue
 from policies.types import ReasonValue, RequestView, StepMode, UnitLoad
 
@@ -24,9 +24,7 @@ class PlanError(RuntimeError):
     """A batch policy returned a plan the mechanism cannot execute (raised by the simulated unit)."""
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class SubmittedRequest:
+class SubmittedRequest(msgspec.Struct, frozen=True):
     """A request handed to a unit. Output length is known to the simulator, never to policies."""
 
     request_id: str
@@ -37,9 +35,7 @@ class SubmittedRequest:
     tpot_slo_s: float
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class StepRecord:
+class StepRecord(msgspec.Struct, frozen=True):
     """One step of one unit: its composition, timing, KV state and the policy's reasons.
 
     Fields are named as in the ``step`` event (``StepEvent``), but for the times: node seconds here
@@ -67,7 +63,7 @@ class StepRecord:
     num_waiting: int
     num_preempted: int
     num_finished: int
-    reasons: Mapping[str, ReasonValue] = field(default_factory=dict)
+    reasons: Mapping[str, ReasonValue] = msgspec.field(default_factory=dict)
 
     @property
     def new_tokens(self) -> int:
@@ -94,9 +90,7 @@ def worst_tpot_s(token_times_s: Sequence[float]) -> float | None:
     return max(token_tpot_s(first, j, t) for j, t in enumerate(token_times_s[1:], start=2))
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class RequestOutcome:
+class RequestOutcome(msgspec.Struct, frozen=True):
     """A finished request's timeline on one unit."""
 
     request_id: str
@@ -143,9 +137,7 @@ class RequestOutcome:
         return self.meets_slo(DEFAULT_TPOT_METRIC)
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class Migrant:
+class Migrant(msgspec.Struct, frozen=True):
     """A request taken off a unit with its progress, to be placed on another (migration, hand-over, fault).
 
     ``computed_tokens`` is the KV that travels with it (0 when it must be recomputed on the target: the
@@ -171,12 +163,10 @@ class Migrant:
 
     def without_kv(self) -> Migrant:
         """The same request after its KV was lost (it recomputes on its next unit)."""
-        return replace(self, computed_tokens=0)
+        return msgspec.structs.replace(self, computed_tokens=0)
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class StepResult:
+class StepResult(msgspec.Struct, frozen=True):
     """What :meth:`Engine.end_step` hands back to the node."""
 
     record: StepRecord

@@ -36,7 +36,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import msgspec
 
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.messages import SetParams, SetPolicy
@@ -381,7 +383,7 @@ class LiveVllmNode:
                 self.on_request("refused", state)
 
     def stepped(self, unit: VllmUnit, record: StepRecord) -> None:
-        record = replace(record, start_s=self._node_s(record.start_s))
+        record = msgspec.structs.replace(record, start_s=self._node_s(record.start_s))
         if self.on_step is not None:
             self.on_step(record)
         raw = unit.last.preempted if unit.last is not None else ()
@@ -409,7 +411,7 @@ class LiveVllmNode:
         rid = outcome.request_id
         self.states.pop(rid, None)
         self.num_finished += 1
-        outcome = replace(outcome, arrival_s=self._node_s(outcome.arrival_s),
+        outcome = msgspec.structs.replace(outcome, arrival_s=self._node_s(outcome.arrival_s),
                           first_token_s=self._node_s(outcome.first_token_s), finish_s=self._node_s(outcome.finish_s),
                           num_preemptions=self.preemptions.pop(rid, 0))
         if self.on_finish is not None:

@@ -75,7 +75,7 @@ def test_a_step_keeps_the_names_on_the_wire_and_makes_its_record() -> None:
     assert wire["kind"] == "step" and wire["mode"] == "mixed" and wire["preempted"] == ["r1-1a2b3c4d"]
     assert "dropped_before" not in wire, "defaults stay off the wire"
     record = record_from(decode_engine(encode(msg)))
-    shared = set(StepRecord.__dataclass_fields__)
+    shared = set(StepRecord.__struct_fields__)
     assert {name: getattr(record, name) for name in shared} == {name: getattr(msg, name) for name in shared}
 
 
