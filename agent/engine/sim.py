@@ -224,19 +224,21 @@ class SimUnit:
         return bool(self.running or self.waiting)
 
     def view(self) -> UnitView:
+        # Positional, in UnitView's field order: its __init__ is Python (fast_init), and matching keywords cost
+        # ~290 ns of ~760 per unit-step.
         return UnitView(
-            unit_id=self.unit_id,
-            step_index=self.step_index,
-            running=tuple([r.view() for r in self.running]),
-            waiting=tuple([r.view() for r in self.waiting]),
-            block_size=self.block_size,
-            num_blocks=self.num_blocks,
-            free_blocks=self.free_blocks,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_seqs=self.max_num_seqs,
-            max_model_len=self.max_model_len,
-            cost=self.cost_model.coefficients,
-            mixed_interference=self.mixed_interference,
+            self.unit_id,  # unit_id
+            self.step_index,  # step_index
+            tuple([r.view() for r in self.running]),  # running
+            tuple([r.view() for r in self.waiting]),  # waiting
+            self.block_size,  # block_size
+            self.num_blocks,  # num_blocks
+            self.free_blocks,  # free_blocks
+            self.max_num_batched_tokens,  # max_num_batched_tokens
+            self.max_num_seqs,  # max_num_seqs
+            self.max_model_len,  # max_model_len
+            self.cost_model.coefficients,  # cost
+            self.mixed_interference,  # mixed_interference
         )
 
     def running_views(self) -> tuple[RequestView, ...]:

@@ -295,10 +295,11 @@ class ExclusiveBatching(BatchPolicy):
         if self.n_safe is not None:
             reasons["memory_safe_slots"] = self.n_safe
         mode = self.phase if entries else StepMode.IDLE
-        return StepPlan(
-            entries=tuple(entries),
-            running_order=tuple(map(request_id_of, unit.running)),
-            mode=mode,
-            token_budget=budget_total,
-            reasons=reasons,
+        return StepPlan(  # positional: entries, running_order, mode, token_budget, reasons (a Python
+            # __init__: keywords cost ~175 ns more per step)
+            tuple(entries),
+            tuple(map(request_id_of, unit.running)),
+            mode,
+            budget_total,
+            reasons,
         )

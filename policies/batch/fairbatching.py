@@ -422,9 +422,10 @@ class FairBatching(BatchPolicy):
         }
         if held:
             reasons["held_back_min_slack_ms"] = round(held_min_slack * 1e3, 3)
-        return StepPlan(
-            entries=tuple(running_entries), running_order=tuple(running_order),
-            mode=mode_of(decodes > 0, prefill_chunks > 0), token_budget=cap, reasons=reasons,
+        return StepPlan(  # positional: entries, running_order, mode, token_budget, reasons (a Python
+            # __init__: keywords cost ~175 ns more per step)
+            tuple(running_entries), tuple(running_order),
+            mode_of(decodes > 0, prefill_chunks > 0), cap, reasons,
         )
 
     def _update_pab(

@@ -120,12 +120,13 @@ class Sarathi(BatchPolicy):
             num_running += 1
             admitted += 1
             prefill_tokens += n
-        return StepPlan(
-            entries=tuple(entries),
-            running_order=tuple(map(request_id_of, unit.running)),
-            mode=mode_of(decodes > 0, chunks + admitted > 0),
-            token_budget=tau,
-            reasons={
+        return StepPlan(  # positional: entries, running_order, mode, token_budget, reasons (a Python
+            # __init__: keywords cost ~175 ns more per step)
+            tuple(entries),
+            tuple(map(request_id_of, unit.running)),
+            mode_of(decodes > 0, chunks + admitted > 0),
+            tau,
+            {
                 "budget_tokens": tau,
                 "decodes": decodes,
                 "decodes_over_budget": max(decodes - tau, 0),

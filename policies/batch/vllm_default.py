@@ -82,12 +82,13 @@ class VllmDefault(BatchPolicy):
             budget -= n
             num_running += 1
             admitted += 1
-        return StepPlan(
-            entries=tuple(entries),
-            running_order=tuple(map(request_id_of, unit.running)),
-            mode=mode_of(has_decode, has_prefill),
-            token_budget=budget_total,
-            reasons={
+        return StepPlan(  # positional: entries, running_order, mode, token_budget, reasons (a Python
+            # __init__: keywords cost ~175 ns more per step)
+            tuple(entries),
+            tuple(map(request_id_of, unit.running)),
+            mode_of(has_decode, has_prefill),
+            budget_total,
+            {
                 "budget_tokens": budget_total,
                 "unused_budget_tokens": budget,
                 "admitted": admitted,
