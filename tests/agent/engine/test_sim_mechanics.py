@@ -168,3 +168,28 @@ def test_same_seed_same_result_with_noise() -> None:
 
     assert once(1) == once(1)
     assert once(1) != once(2)
+
+
+def test_the_units_snapshots_put_each_value_in_its_field() -> None:
+    """``SimUnit.view`` and ``SimUnit.load`` build ``UnitView`` and ``UnitLoad`` positionally (their ``__init__`` is
+    Python; keywords cost more): every field must still hold what its name says, with distinct values throughout."""
+    unit = make_unit(3, block_size=32, num_blocks=777, max_num_batched_tokens=555, max_num_seqs=11, max_model_len=999,
+                     role="decode")
+    unit.instance = 5
+    unit.submit(SubmittedRequest("a", 0.0, 40, 4, 0.5, 0.05), 0.0)
+    unit.submit(SubmittedRequest("b", 0.0, 70, 4, 0.5, 0.05), 0.0)
+    view = unit.view()
+    assert (view.unit_id, view.step_index, view.block_size, view.num_blocks, view.free_blocks) == (
+        3, unit.step_index, 32, 777, unit.free_blocks)
+    assert (view.max_num_batched_tokens, view.max_num_seqs, view.max_model_len) == (555, 11, 999)
+    assert [r.request_id for r in view.waiting] == ["a", "b"] and view.running == ()
+    assert view.cost == unit.cost_model.coefficients and view.mixed_interference == unit.mixed_interference
+    load = unit.load(with_requests=True)
+    assert (load.unit_id, load.healthy, load.num_running, load.num_waiting) == (3, True, 0, 2)
+    assert (load.kv_used_blocks, load.num_blocks, load.kv_tokens, load.queued_prefill_tokens) == (
+        777 - unit.free_blocks, 777, 0, unit.queued_prefill_tokens)
+    assert (load.last_step_s, load.mean_step_s, load.max_num_seqs, load.role, load.steps_done, load.busy) == (
+        unit.last_step_s, None, 11, "decode", 0, False)
+    assert (load.chunk_tokens, load.block_size, load.migrations_inflight, load.instance) == (555, 32, 0, 5)
+    assert load.prefill_admission_budget == unit.policy.admission_budget_tokens()
+    assert [r.request_id for r in load.requests] == ["a", "b"]
