@@ -374,10 +374,12 @@ class PolicySchedulerMixin:
         request can be admitted (vLLM's waiting loop stops at ``max_num_seqs`` before it reaches the hook; a step
         that preempts admits nothing). Then vLLM schedules exactly the plan's tokens on its own."""
         decoding = self.ts_decoding
-        if len(decoding) != num_running or not caps.keys() >= decoding or min(caps.values(), default=1) < 1:
-            return True
-        can_admit = num_running + self.num_waiting_for_streaming_input < self.max_num_running_reqs
-        return can_admit and bool(self.waiting or self.skipped_waiting)
+        if len(decoding) != num_running or (
+            num_running + self.num_waiting_for_streaming_input < self.max_num_running_reqs
+            and (self.waiting or self.skipped_waiting)
+        ):
+            return True  # the cheap checks first: a prefill running, or an admission possible
+        return not caps.keys() >= decoding or min(caps.values(), default=1) < 1
 
     def _ts_schedule_reordered(self, admits: list[str], *args: Any, **kwargs: Any) -> Any:
         """Admit ``admits`` in plan order through a temporary waiting queue; the others keep their places."""
