@@ -37,6 +37,13 @@ from agent.workload.types import RequestSpec
 from policies.params import ParamValue
 from policies.registry import make_batch_policy, make_dispatch_policy
 
+LIVE_HISTORY = 1024
+"""Step records, raw step messages and outcomes each unit of a live agent keeps (``VllmUnit(history=...)``). The
+agent reads only their counts and the last step message; the stream and the recorder have the rest. A unit's own
+default (``agent.engine.vllm.unit.HISTORY``, 20,000 each) is for runs that read their records back (``trackside
+bench``, the GPU validation): about 1 KB per step, 80 MB for four units once full, which a slow engine fills over
+hours (issue #21's soak, docs/benchmarks.md)."""
+
 
 class AgentStartError(Exception):
     """A unit's engine did not start (the message says which and why)."""
@@ -107,7 +114,7 @@ def build_units(config: VllmAgentConfig) -> list[VllmUnit]:
                 num_blocks=config.fake_num_blocks, prefix_caching=e.enable_prefix_caching,
                 tokenizer=e.extra.get("skip_tokenizer_init") is False,
             ), "executor_class": FakeExecutor}
-        units.append(VllmUnit(i, engine, settings, hang_s=config.engine_hang_s, **kwargs))
+        units.append(VllmUnit(i, engine, settings, hang_s=config.engine_hang_s, history=LIVE_HISTORY, **kwargs))
     return units
 
 

@@ -5,7 +5,8 @@
 Starts ``trackside agent --units U --workload poisson:n=...,rate=R --speed S`` (R x S requests per second of wall
 time: 100 by default) with one ``trackside record`` attached writing a DuckDB file, samples the resident memory
 (RSS, from ``/proc``) of both every ``--sample-s`` seconds for ``--minutes``, then stops both and prints the
-table and the growth of each after the first five minutes (the target: under 5 MB over an hour). Linux only;
+table and the growth of each after the first five minutes (the target: under 5 MB over an hour), with the trend
+(least-squares slope, MiB per hour) and range of the samples after them. Linux only;
 asserts nothing. ``--fake-vllm``: vLLM units on the CPU's fake executor instead (``--engine vllm
 --fake-executor``; no ``--speed``: ``--rate`` requests per wall second).
 """
@@ -39,6 +40,20 @@ def growth_after(samples: list[tuple[float, float | None]], warmup_s: float) -> 
     """RSS growth (MiB) from the first sample at or after ``warmup_s`` to the last; None without two such samples."""
     later = [mb for t, mb in samples if t >= warmup_s and mb is not None]
     return later[-1] - later[0] if len(later) >= 2 else None
+
+
+def trend_after(samples: list[tuple[float, float | None]], warmup_s: float) -> tuple[float, float, float] | None:
+    """After ``warmup_s``: the least-squares slope of RSS in MiB per hour, and its lowest and highest sample; None
+    without three samples. A process whose memory swings (the recorder's Arrow batches and DuckDB's buffers) can end
+    above or below where it started by chance: the slope over every sample tells growth from swing."""
+    later = [(t, mb) for t, mb in samples if t >= warmup_s and mb is not None]
+    if len(later) < 3:
+        return None
+    mt = sum(t for t, _ in later) / len(later)
+    mm = sum(mb for _, mb in later) / len(later)
+    var = sum((t - mt) ** 2 for t, _ in later)
+    slope = sum((t - mt) * (mb - mm) for t, mb in later) / var if var else 0.0
+    return slope * 3600, min(mb for _, mb in later), max(mb for _, mb in later)
 
 
 def main() -> int:
@@ -101,7 +116,9 @@ def soak(args: argparse.Namespace, out: Path, n: int, url: str, agent_log: IO[st
         print(f"| {t / 60:.1f} | {a if a is None else f'{a:.1f}'} | {r if r is None else f'{r:.1f}'} |")
     for name, k in (("agent", 1), ("recorder", 2)):
         g = growth_after([(row[0], row[k]) for row in rows], warm)
-        print(f"{name}: growth after {args.warmup_min:g} min: " + ("n/a" if g is None else f"{g:+.1f} MB"))
+        trend = trend_after([(row[0], row[k]) for row in rows], warm)
+        print(f"{name}: growth after {args.warmup_min:g} min: " + ("n/a" if g is None else f"{g:+.1f} MB")
+              + ("" if trend is None else f"; trend {trend[0]:+.1f} MB/hour, range {trend[1]:.1f}-{trend[2]:.1f} MB"))
     return 0
 
 

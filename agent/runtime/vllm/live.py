@@ -62,6 +62,8 @@ from policies.types import DispatchDecision, PendingRequest, RequestView, UnitLo
 log = logging.getLogger(__name__)
 
 MODES = ("active", "draining", "paused")
+REPLAY_PRUNE = 1024
+"""A workload replay drops its ended streams once it holds this many (or twice the number still running)."""
 
 
 @dataclass(slots=True)
@@ -184,6 +186,10 @@ class LiveVllmNode:
         """Requests that ended without an outcome (aborted by their client, or failed by their engine)."""
         self.num_dispatches = 0
         self.num_migrations = 0
+        self.replaying: list[RequestStream] = []
+        """The workload replay's streams not known to have ended yet: ended ones are dropped whenever the list reaches
+        :data:`REPLAY_PRUNE` or twice what was left at the last pruning (a stream holds its prompt's and outputs' token
+        ids, and a replay can run for days)."""
         self._sent: list[_Sent] = []
         self._actions: list[tuple[int, str, asyncio.Task[None]]] = []
         self._mode_task: dict[int, asyncio.Task[None]] = {}
@@ -327,11 +333,15 @@ class LiveVllmNode:
 
     async def _replay(self) -> None:
         t0 = time.time()
-        streams: list[RequestStream] = []
+        streams = self.replaying
+        keep = REPLAY_PRUNE
         for spec in self.requests:
             delay = t0 + spec.arrival_s - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if len(streams) >= keep:
+                streams[:] = [s for s in streams if not s.done]
+                keep = max(REPLAY_PRUNE, 2 * len(streams))
             streams.append(self.cluster.submit(ClusterRequest(
                 spec.request_id, prompt_ids(spec, self.vocab, self.seed), spec.output_tokens,
                 ttft_slo_s=spec.ttft_slo_ms / 1e3 if spec.ttft_slo_ms else None,
