@@ -42,6 +42,11 @@ from store.writer import StoreWriter
 
 HISTORY_CHUNK = 4096
 """Events per update of a node's recorded history."""
+MEMORY_LIMIT = "512MB"
+"""What DuckDB may keep in memory for the console's file (``store.schema.connect``): without a bound its cache of the
+file grows with the file, to 80% of the machine, in a console left open for days. More than ``trackside record``'s
+default (128MB): the SQL screen's queries and each node's history run on this connection and read faster from the
+cache."""
 
 
 class RecordError(Exception):
@@ -58,13 +63,14 @@ class ConsoleRecorder(Recorder):
         flush_s: float = 1.0,
         max_backlog: int = MAX_BACKLOG,
         clock: Callable[[], float] = time.monotonic,
+        memory_limit: str = MEMORY_LIMIT,
     ) -> None:
         if flush_s <= 0:  # before the file is opened
             raise ValueError("flush_s must be positive")
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._store = StoreWriter(self.path)
+            self._store = StoreWriter(self.path, memory_limit=memory_limit)
         except StoreLockedError as exc:
             holder = exc.holder or "another process"
             raise RecordError(

@@ -358,10 +358,11 @@ class TimedWriter:
     setting ``stop`` once every event up to ``target_seq`` has been written (called from the recorder's
     worker thread, hence ``call_soon_threadsafe``)."""
 
-    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop, stop: asyncio.Event,
+                 memory_limit: str | None = None) -> None:
         from store.writer import StoreWriter
 
-        self.inner = StoreWriter(path)
+        self.inner = StoreWriter(path, memory_limit=memory_limit)
         self._loop, self._stop = loop, stop
         self.first_write_s: float | None = None
         self.done_s = 0.0
@@ -403,9 +404,11 @@ class TimedWriter:
 
 
 async def record_from_child(
-    target: Callable[[Connection, dict[str, Any]], None], child_args: dict[str, Any], db: Path, idle_s: float = 20.0
+    target: Callable[[Connection, dict[str, Any]], None], child_args: dict[str, Any], db: Path, idle_s: float = 20.0,
+    memory_limit: str | None = None,
 ) -> tuple[TimedWriter, dict[str, Any]]:
-    """Start ``target`` in a child process (it sends its URL, later its stats), record it into ``db``."""
+    """Start ``target`` in a child process (it sends its URL, later its stats), record it into ``db`` (DuckDB's
+    ``memory_limit``: None, its default)."""
     loop = asyncio.get_running_loop()
     ctx = mp.get_context("spawn")
     parent, child_end = ctx.Pipe()
@@ -416,7 +419,7 @@ async def record_from_child(
     holder: list[TimedWriter] = []
 
     def factory(path: Path) -> TimedWriter:
-        holder.append(TimedWriter(path, loop, stop))
+        holder.append(TimedWriter(path, loop, stop, memory_limit))
         return holder[0]
 
     async def watch() -> dict[str, Any]:
@@ -528,7 +531,7 @@ def cmd_e2e(args: argparse.Namespace) -> None:
     for i in range(args.repeat):
         with tempfile.TemporaryDirectory() as tmp:
             db = Path(tmp) / "e2e.duckdb"
-            writer, stats = asyncio.run(record_from_child(_agent_main, opts, db))
+            writer, stats = asyncio.run(record_from_child(_agent_main, opts, db, memory_limit=args.memory_limit))
             rates.append(report_recording(f"e2e run {i + 1}", writer, stats, db))
     print(f"median: {statistics.median(rates):,.0f} step rows/s committed (target 100,000, no loss)")
 
@@ -625,11 +628,11 @@ def cmd_recorder(args: argparse.Namespace) -> None:
 
                 prof = cProfile.Profile()
                 prof.enable()
-                writer, stats = asyncio.run(record_from_child(_frames_main, opts, db))
+                writer, stats = asyncio.run(record_from_child(_frames_main, opts, db, memory_limit=args.memory_limit))
                 prof.disable()
                 prof.dump_stats(args.profile_out)
             else:
-                writer, stats = asyncio.run(record_from_child(_frames_main, opts, db))
+                writer, stats = asyncio.run(record_from_child(_frames_main, opts, db, memory_limit=args.memory_limit))
             rates.append(report_recording(f"recorder run {i + 1}", writer, stats, db))
     print(f"median: {statistics.median(rates):,.0f} step rows/s committed by the recorder alone")
 
@@ -649,6 +652,8 @@ def main() -> None:
     parser.add_argument("--lag-limit-s", type=float, default=0.1, help="realtime: the lag that counts as behind")
     parser.add_argument("--resolution", type=float, default=0.05, help="realtime: relative precision of the speed")
     parser.add_argument("--events", type=int, default=500_000, help="recorder: events to replay")
+    parser.add_argument("--memory-limit", help="recorder, e2e: DuckDB's memory limit for the store (e.g. 128MB; "
+                        "default: DuckDB's own, 80%% of the machine)")
     parser.add_argument("--profile-out", help="recorder: cProfile the recording process's first run into this file")
     parser.add_argument(
         "--framing",

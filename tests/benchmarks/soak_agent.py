@@ -8,18 +8,25 @@ time: 100 by default) with one ``trackside record`` attached writing a DuckDB fi
 table and the growth of each after the first five minutes (the target: under 5 MB over an hour), with the trend
 (least-squares slope, MiB per hour) and range of the samples after them. Linux only;
 asserts nothing. ``--fake-vllm``: vLLM units on the CPU's fake executor instead (``--engine vllm
---fake-executor``; no ``--speed``: ``--rate`` requests per wall second).
+--fake-executor``; no ``--speed``: ``--rate`` requests per wall second). ``--http`` (with ``--fake-vllm``): no
+workload; the agent serves vLLM's OpenAI app (``--serve-openai``) and this script sends it chat completions itself
+(Poisson arrivals at ``--rate`` per second, ``--max-tokens`` each, text prompts through the tiny model's
+tokenizer and chat template): the path an operator's clients take. It prints how many were answered.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -66,7 +73,11 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=7793)
     ap.add_argument("--warmup-min", type=float, default=5.0, help="growth is counted after this (default 5)")
     ap.add_argument("--fake-vllm", action="store_true", help="vLLM units on the fake executor (CPU)")
+    ap.add_argument("--http", action="store_true", help="with --fake-vllm: chat completions over the OpenAI API")
+    ap.add_argument("--max-tokens", type=int, default=64, help="--http: output tokens per request (default 64)")
     args = ap.parse_args()
+    if args.http and not args.fake_vllm:
+        ap.error("--http needs --fake-vllm")
     out = Path(tempfile.mkdtemp(prefix="soak-"))
     if args.fake_vllm:
         args.speed = 1.0
@@ -80,14 +91,20 @@ def main() -> int:
 
 def soak(args: argparse.Namespace, out: Path, n: int, url: str, agent_log: IO[str], record_log: IO[str]) -> int:
     engine = ["--engine", "vllm", "--fake-executor"] if args.fake_vllm else ["--speed", f"{args.speed:g}"]
-    agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--units", str(args.units), "--workload",
-                              f"poisson:n={n},rate={args.rate:g}", *engine, "--listen", f"127.0.0.1:{args.port}"],
-                             stdout=subprocess.DEVNULL, stderr=agent_log)
+    http = f"127.0.0.1:{args.port + 1}"
+    work = ["--serve-openai", http] if args.http else ["--workload", f"poisson:n={n},rate={args.rate:g}"]
+    agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--units", str(args.units), *work, *engine,
+                              "--listen", f"127.0.0.1:{args.port}"], stdout=subprocess.DEVNULL, stderr=agent_log)
     time.sleep(60 if args.fake_vllm else 8)  # the agent builds its workload (and engines) and starts listening
     recorder = subprocess.Popen([sys.executable, "-m", "agent.cli", "record", "--db", str(out / "soak.duckdb"), url],
                                 stdout=subprocess.DEVNULL, stderr=record_log)
     start = time.monotonic()
     rows: list[tuple[float, float | None, float | None]] = []
+    stop = threading.Event()
+    counts = {"ok": 0, "failed": 0}
+    client = threading.Thread(target=lambda: asyncio.run(chat_load(f"http://{http}", args, stop, counts)), daemon=True)
+    if args.http:
+        client.start()
     try:
         while (elapsed := time.monotonic() - start) < args.minutes * 60:
             rows.append((elapsed, rss_mb(agent.pid), rss_mb(recorder.pid)))
@@ -100,6 +117,9 @@ def soak(args: argparse.Namespace, out: Path, n: int, url: str, agent_log: IO[st
             time.sleep(args.sample_s)
         rows.append((time.monotonic() - start, rss_mb(agent.pid), rss_mb(recorder.pid)))
     finally:
+        stop.set()
+        if args.http:
+            client.join(60)
         for proc in (recorder, agent):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -109,6 +129,8 @@ def soak(args: argparse.Namespace, out: Path, n: int, url: str, agent_log: IO[st
             except subprocess.TimeoutExpired:
                 proc.kill()
     warm = args.warmup_min * 60
+    if args.http:
+        print(f"\nchat completions: {counts['ok']} answered, {counts['failed']} failed")
     print(f"\nmachine: {os.cpu_count()} CPUs; {args.units} units, {args.rate * args.speed:g} requests per wall second, "
           f"{args.minutes:g} min; files in {out}")
     print("| minute | agent RSS MB | recorder RSS MB |\n|---|---|---|")
@@ -120,6 +142,42 @@ def soak(args: argparse.Namespace, out: Path, n: int, url: str, agent_log: IO[st
         print(f"{name}: growth after {args.warmup_min:g} min: " + ("n/a" if g is None else f"{g:+.1f} MB")
               + ("" if trend is None else f"; trend {trend[0]:+.1f} MB/hour, range {trend[1]:.1f}-{trend[2]:.1f} MB"))
     return 0
+
+
+async def chat_load(base: str, args: argparse.Namespace, stop: threading.Event, counts: dict[str, int]) -> None:
+    """Chat completions to ``base`` at Poisson arrivals of ``args.rate`` per second until ``stop``; counts answers."""
+    import aiohttp
+
+    rng = random.Random(0)
+    words = ["the", "a", "GPU", "node", "serves", "tokens", "step", "by", "while", "console", "watches", "slack"]
+    tasks: set[asyncio.Task[None]] = set()
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):  # the OpenAI server starts after the units
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"{base}/v1/models") as resp:
+                    model = (await resp.json())["data"][0]["id"]
+                    break
+            await asyncio.sleep(0.5)
+        else:
+            raise RuntimeError(f"no OpenAI server at {base}")
+
+        async def one() -> None:
+            body = {"model": model, "max_tokens": args.max_tokens, "ignore_eos": True, "messages": [
+                {"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(8, 120)))}]}
+            try:
+                async with session.post(f"{base}/v1/chat/completions", data=json.dumps(body),
+                                        headers={"Content-Type": "application/json"}) as resp:
+                    ok = resp.status == 200 and bool((await resp.json())["choices"])
+            except (aiohttp.ClientError, ValueError, KeyError):
+                ok = False
+            counts["ok" if ok else "failed"] += 1
+
+        while not stop.is_set():
+            await asyncio.sleep(rng.expovariate(args.rate))
+            task = asyncio.get_running_loop().create_task(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 if __name__ == "__main__":

@@ -180,3 +180,14 @@ def test_a_file_that_is_not_a_store_or_is_locked_is_refused(tmp_path: Path, caps
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_consoles_store_has_a_memory_limit(tmp_path: Path) -> None:
+    """DuckDB's cache of the console's file is bounded (512MB by default; DuckDB's own default is 80% of the
+    machine), and a limit given is the one the SQL screen's connection runs under."""
+    with ConsoleRecorder(tmp_path / "m.duckdb") as recorder:
+        setting = recorder.query_connection().execute("SELECT current_setting('memory_limit')").fetchone()
+        assert setting == ("488.2 MiB",)
+    with ConsoleRecorder(tmp_path / "m.duckdb", memory_limit="64MB") as recorder:
+        setting = recorder.query_connection().execute("SELECT current_setting('memory_limit')").fetchone()
+        assert setting == ("61.0 MiB",)
