@@ -45,8 +45,8 @@ HISTORY_CHUNK = 4096
 MEMORY_LIMIT = "512MB"
 """What DuckDB may keep in memory for the console's file (``store.schema.connect``): without a bound its cache of the
 file grows with the file, to 80% of the machine, in a console left open for days. More than ``trackside record``'s
-default (128MB): the SQL screen's queries and each node's history run on this connection and read faster from the
-cache."""
+default (128MB), which is sized for a writer alone: the SQL screen's queries and each node's history run on this
+connection too (their speed under either limit was not measured)."""
 
 
 class RecordError(Exception):

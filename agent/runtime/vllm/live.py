@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 
 MODES = ("active", "draining", "paused")
 REPLAY_PRUNE = 1024
-"""A workload replay drops its ended streams once it holds this many (or twice the number still running)."""
+"""A workload replay drops its ended streams once it holds this many (or, when more, twice as many as were left at its
+last pruning)."""
 
 
 @dataclass(slots=True)
