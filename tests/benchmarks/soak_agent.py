@@ -73,7 +73,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=7793)
     ap.add_argument("--warmup-min", type=float, default=5.0, help="growth is counted after this (default 5)")
     ap.add_argument("--fake-vllm", action="store_true", help="vLLM units on the fake executor (CPU)")
-    ap.add_argument("--http", action="store_true", help="with --fake-vllm: chat completions over the OpenAI API")
+    ap.add_argument("--http", action="store_true",
+                    help="with --fake-vllm: chat completions over the OpenAI API (served on --port + 1)")
     ap.add_argument("--max-tokens", type=int, default=64, help="--http: output tokens per request (default 64)")
     args = ap.parse_args()
     if args.http and not args.fake_vllm:
