@@ -77,10 +77,7 @@ if TYPE_CHECKING:
 EXIT_ERROR_REPLY = 2
 EXIT_UNREACHABLE = 1
 RECORDER_MEMORY_LIMIT = "128MB"
-"""What ``trackside record`` lets DuckDB keep in memory by default. Without a bound its cache of the file grows with the
-file (to 80% of the machine); with 512MB it did for the first hour of the soak (docs/benchmarks.md). A writer gains
-little from it: 128MB keeps no file blocks cached and wrote 7-12% fewer events per second than 256MB or 512MB in the
-writer alone (the websocket path ingests far fewer than that)."""
+"""What ``trackside record`` lets DuckDB keep in memory by default (docs/benchmarks.md, "A live agent's memory")."""
 log = logging.getLogger("trackside")
 
 
