@@ -43,6 +43,16 @@ def test_agent_runtime_needs_no_vllm_or_ui(module: str) -> None:
     assert not loaded & {"vllm", "torch", "textual", "console", "duckdb"}
 
 
+@pytest.mark.parametrize(
+    "module", ["agent.engine.live", "agent.engine.sim_live", "agent.runtime.vllm.cluster", "agent.runtime.vllm.live"]
+)
+def test_the_live_cluster_runs_without_vllm(module: str) -> None:
+    """The live cluster, its node and the simulated live engine load neither vLLM nor its transport (zmq): they run
+    (and are tested) on a machine without the vllm extra."""
+    loaded = loaded_after(module)
+    assert not loaded & {"vllm", "torch", "zmq", "textual", "duckdb"}, loaded & {"vllm", "torch", "zmq"}
+
+
 def test_protocol_is_light_enough_for_console_and_store() -> None:
     """The console and the store import the protocol: it must not bring the engine, the node or a server."""
     loaded = loaded_modules_after("agent.telemetry")

@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent.engine.vllm.engine_client import Routed, RoutedEngineClient
 from agent.engine.vllm.openai_app import build_openai_app, frontend_namespace
+from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.requests import ClusterRequest, RequestRejected, RequestStream
 from agent.telemetry.client import host_port
@@ -149,7 +150,7 @@ class TracksideMiddleware:
             _ticket.reset(token)
 
 
-def routed_submit(cluster: VllmCluster) -> Callable[..., Routed]:
+def routed_submit(cluster: VllmCluster[VllmUnit]) -> Callable[..., Routed]:
     """The engine client's way into the cluster: each tokenized request is queued at the dispatcher with vLLM's
     sampling parameters, and remembered for the HTTP request that made it (its status and headers)."""
 
@@ -166,7 +167,7 @@ def routed_submit(cluster: VllmCluster) -> Callable[..., Routed]:
     return submit
 
 
-async def build_app(cluster: VllmCluster, *, model_name: str | None = None, frontend_args: Sequence[str] = (),
+async def build_app(cluster: VllmCluster[VllmUnit], *, model_name: str | None = None, frontend_args: Sequence[str] = (),
                     metrics: Callable[[], str] | None = None, args: argparse.Namespace | None = None) -> ASGIApp:
     """vLLM's OpenAI app over ``cluster`` (started units), wrapped in :class:`TracksideMiddleware`: what
     :class:`OpenAIServer` serves (see it for the arguments); ``args``: ``frontend_args`` parsed already."""
@@ -206,7 +207,7 @@ class OpenAIServer:
     ``metrics``: the text ``GET /metrics`` serves (the agent's; None keeps vLLM's route).
     """
 
-    def __init__(self, cluster: VllmCluster, host: str = "127.0.0.1", port: int = 8000, *,
+    def __init__(self, cluster: VllmCluster[VllmUnit], host: str = "127.0.0.1", port: int = 8000, *,
                  model_name: str | None = None, frontend_args: Sequence[str] = (),
                  metrics: Callable[[], str] | None = None, log_level: str = "warning") -> None:
         self.cluster = cluster

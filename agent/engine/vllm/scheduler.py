@@ -53,16 +53,14 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from agent.engine.live import apply_control, build_policy
 from agent.engine.vllm.channel import ControlInbox, StepSink, make_sink
 from agent.engine.vllm.config import UnitSettings, unit_settings
-from agent.engine.vllm.messages import ControlReply, ControlRequest, FrameError, Ping, SetParams, SetPolicy, StepMessage
-from agent.plugins import load_plugins
+from agent.engine.vllm.messages import ControlReply, ControlRequest, FrameError, StepMessage
 from policies.base import BatchPolicy
 from policies.batch.vllm_default import VllmDefault
 from policies.cost.fit import OnlineStepModel
 from policies.cost.step_model import StepCoefficients
-from policies.params import ParamError, ParamValue
-from policies.registry import BATCH_POLICIES
 from policies.types import RequestView, StepFeedback, StepMode, StepPlan, UnitView
 
 log = logging.getLogger(__name__)
@@ -77,17 +75,6 @@ DEFAULT_COEFFICIENTS = StepCoefficients(9.11e-3, 24.0e-6, 43.9e-9)
 
 class UnsupportedModelError(RuntimeError):
     """The model needs vLLM's Mamba block alignment, the hook the plan enforcement borrows."""
-
-
-def build_policy(name: str, params: dict[str, Any]) -> BatchPolicy:
-    """A new batch policy ``name``: a built-in or a plugin's (:mod:`agent.plugins`). This runs in vLLM's engine-core
-    process, which registers the installed plugins itself (once) before the first name is looked up."""
-    load_plugins(warn=log.warning)
-    try:
-        cls = BATCH_POLICIES[name]
-    except KeyError:
-        raise ParamError(f"unknown batch policy {name!r} (known: {', '.join(sorted(BATCH_POLICIES))})") from None
-    return cls(params)
 
 
 class _Pending:
@@ -534,22 +521,7 @@ class PolicySchedulerMixin:
             else:
                 self.ts_sink.emit(ControlReply(unit_id=self.ts_unit_id, id=message.id, ok=False, error=str(message)))
             return
-        policy = ""
-        old: dict[str, ParamValue] = {}
-        try:
-            match message:
-                case SetPolicy(name=name, params=params):
-                    self.ts_policy = build_policy(name, dict(params))
-                    policy = self.ts_policy.name
-                case SetParams(changes=changes):
-                    old = self.ts_policy.update_params(changes)
-                case Ping():
-                    pass
-        except (ParamError, KeyError, TypeError, ValueError) as exc:
-            reply = ControlReply(unit_id=self.ts_unit_id, id=message.id, ok=False, error=str(exc))
-        else:
-            reply = ControlReply(unit_id=self.ts_unit_id, id=message.id, ok=True, policy=policy, old=old,
-                                 params=dict(self.ts_policy.params))
+        self.ts_policy, reply = apply_control(self.ts_policy, message, self.ts_unit_id, build_policy)
         self.ts_sink.emit(reply)
 
     def shutdown(self) -> None:

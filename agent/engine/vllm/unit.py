@@ -40,14 +40,23 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from agent.engine.base import RequestOutcome, StepRecord, token_tpot_s
+from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.live import (
+    EngineFailed,
+    FailedCallback,
+    FinishCallback,
+    FirstTokenCallback,
+    LiveEngine,
+    LiveRequest,
+    StepCallback,
+    resident_requests,
+)
 from agent.engine.vllm.channel import ControlSender
 from agent.engine.vllm.config import KEY, UnitSettings
 from agent.engine.vllm.history import History
@@ -66,38 +75,6 @@ HISTORY = 20_000
 """Step records, raw step messages and outcomes a unit keeps by default (each; the oldest go first)."""
 MAX_UNCLAIMED_REPLIES = 1024
 """Control replies nobody has asked for yet that a unit keeps (the oldest go first)."""
-
-
-class EngineFailed(RuntimeError):
-    """A request's unit lost its engine core (the process exited: killed, out of memory, a CUDA error)."""
-
-    def __init__(self, unit_id: int, reason: str) -> None:
-        super().__init__(f"unit {unit_id}: {reason}")
-        self.unit_id = unit_id
-        self.reason = reason
-
-
-@dataclass(slots=True)
-class _Live:
-    arrival_s: float
-    prompt_tokens: int
-    max_tokens: int
-    ttft_slo_s: float
-    tpot_slo_s: float
-    submitted_s: float
-    sampling: Sampling | None = None
-    on_output: Callable[[TokenDelta], None] | None = None
-    first_token_s: float | None = None
-    outputs: int = 0
-    """Output tokens so far, those produced on a unit the request migrated from included."""
-    prior_outputs: int = 0
-    """Output tokens produced before the request came to this unit (migrated by recompute)."""
-    migrating: bool = False
-    """Migrated here by recompute and its first token here not yet out (the target recomputes its KV)."""
-    params: Any = None
-    """The front end's ``vllm.SamplingParams`` (vLLM's OpenAI app), used instead of ``sampling`` when given."""
-    max_tpot_s: float | None = None
-    """The worst per-token TPOT so far (``RequestOutcome.max_tpot_s``), on the units it came from included."""
 
 
 class StallClock:
@@ -175,16 +152,16 @@ class VllmUnit:
         self._step_base = 0
         """Added to the engine's step ids: the steps the unit's earlier engines made (its ids stay unique)."""
         self._next_step_id = 0
-        self.live: dict[str, _Live] = {}
+        self.live: dict[str, LiveRequest] = {}
         self.outcomes: History[RequestOutcome] = History(history)
         """The last ``history`` outcomes (the requests that finished, aborted ones have none)."""
         self.control_replies: dict[str, ControlReply] = {}
         """Replies to control requests nobody has claimed yet (:meth:`reply`), by request id."""
-        self.on_step: Callable[[VllmUnit, StepRecord], None] | None = None
-        self.on_finish: Callable[[VllmUnit, RequestOutcome], None] | None = None
-        self.on_first_token: Callable[[VllmUnit, str], None] | None = None
+        self.on_step: StepCallback | None = None
+        self.on_finish: FinishCallback | None = None
+        self.on_first_token: FirstTokenCallback | None = None
         """Called when a request's first output token has arrived (its ``first_token_s`` is set)."""
-        self.on_failed: Callable[[VllmUnit, str], None] | None = None
+        self.on_failed: FailedCallback | None = None
         """Called once (soon after, from the event loop) when the engine core is found dead, with the reason."""
         self.failure: str | None = None
         """Why the engine core is dead (None while it runs)."""
@@ -310,6 +287,21 @@ class VllmUnit:
     def failed(self) -> bool:
         return self.failure is not None
 
+    @property
+    def serving(self) -> bool:
+        """An engine was started (and not stopped); it may have died since (:meth:`check_engine`)."""
+        return self.llm is not None
+
+    @property
+    def takes_control(self) -> bool:
+        """False for plain vLLM (its own scheduler: no control channel, no step records)."""
+        return not self.options.plain
+
+    @property
+    def last_preempted(self) -> tuple[str, ...]:
+        """vLLM's ids of the requests preempted in the last step (ours plus vLLM's suffix)."""
+        return self.last.preempted if self.last is not None else ()
+
     def check_engine(self) -> str | None:
         """Why the engine core is dead, None while it runs: vLLM's own ``AsyncLLM.errored`` (its monitor thread
         saw the process exit, or its output handler failed), or the process's exit code."""
@@ -332,7 +324,7 @@ class VllmUnit:
             return
         self.failure = reason
         if self.on_failed is not None:
-            asyncio.get_running_loop().call_soon(self.on_failed, self, reason)
+            asyncio.get_running_loop().call_soon(self.on_failed, self.unit_id, reason)
 
     async def watch(self) -> None:
         """The watchdog: look at the engine core every ``watch_interval_s`` until it is found dead, or hung (no
@@ -382,7 +374,7 @@ class VllmUnit:
                 self._step_time_sum += rec.duration_s
                 self.submitted_prompt_since_record = 0
                 if self.on_step is not None:
-                    self.on_step(self, rec)
+                    self.on_step(self.unit_id, rec)
             else:
                 replies = self.control_replies
                 replies[msg.id] = msg
@@ -458,7 +450,7 @@ class VllmUnit:
         """
         now = time.time()
         resumed = prompt_tokens is not None
-        live = self.live[request_id] = _Live(
+        live = self.live[request_id] = LiveRequest(
             arrival_s, prompt_tokens if prompt_tokens is not None else len(prompt_token_ids), max_tokens,
             ttft_slo_s, tpot_slo_s, now, sampling, on_output, first_token_s, prior_outputs, prior_outputs, resumed,
             params, max_tpot_s,
@@ -489,28 +481,13 @@ class VllmUnit:
             params = resumed_params(live.params, live.max_tokens, live.prior_outputs, slos)
         else:
             params = sampling_params(live.max_tokens, live.sampling, slos)
-        finish = None
         try:
             # Read to the end: leaving generate() early (break) makes vLLM abort the finished request.
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
                 first = out.outputs[0] if out.outputs else None
                 n = len(first.token_ids) if first is not None else 0
-                if n:
-                    t = time.time()
-                    before = live.outputs
-                    live.outputs += n
-                    live.migrating = False
-                    finish = t
-                    if live.first_token_s is None:
-                        live.first_token_s = t
-                        if n > 1:  # the delta's other tokens came out with the first: TPOT 0
-                            live.max_tpot_s = 0.0
-                        if self.on_first_token is not None:
-                            self.on_first_token(self, request_id)
-                    elif before:  # the delta's first token is its worst (module docstring, "TPOT")
-                        tpot = token_tpot_s(live.first_token_s, before + 1, t)
-                        if live.max_tpot_s is None or tpot > live.max_tpot_s:
-                            live.max_tpot_s = tpot
+                if n and live.took(n, time.time()) and self.on_first_token is not None:
+                    self.on_first_token(self.unit_id, request_id)
                 on_output = live.on_output  # read each time: a migration detaches it
                 if on_output is not None and first is not None and (n or out.finished):
                     on_output(TokenDelta(tuple(first.token_ids), first.text or "",
@@ -519,30 +496,16 @@ class VllmUnit:
         finally:
             if self.live.get(request_id) is live:  # a request that migrated back here meanwhile is not ours
                 del self.live[request_id]
-        first = live.first_token_s if live.first_token_s is not None else time.time()
-        outcome = RequestOutcome(
-            request_id=request_id, unit_id=self.unit_id, arrival_s=live.arrival_s, first_token_s=first,
-            finish_s=finish if finish is not None else first, prompt_tokens=live.prompt_tokens,
-            output_tokens=live.outputs, num_preemptions=0, ttft_slo_s=live.ttft_slo_s, tpot_slo_s=live.tpot_slo_s,
-            max_tpot_s=live.max_tpot_s,
-        )
+        outcome = live.outcome(request_id, self.unit_id, time.time())
         self.outcomes.append(outcome)
         if self.on_finish is not None:
-            self.on_finish(self, outcome)
+            self.on_finish(self.unit_id, outcome)
         return outcome
 
     # -- load -------------------------------------------------------------------------------------
     def requests(self) -> tuple[RunningRequest, ...]:
-        """The requests the front end has on the unit (running or waiting in the engine), as a rebalancing
-        dispatcher sees them. ``computed_tokens`` is an estimate: every known token but the last once the
-        request produced a token on this unit, 0 before (a request migrated here recomputes everything)."""
-        out = []
-        for rid, live in self.live.items():
-            ctx = live.prompt_tokens + live.outputs
-            computed = ctx - 1 if live.outputs > live.prior_outputs else 0
-            out.append(RunningRequest(rid, ctx, live.prompt_tokens, live.outputs, computed, live.arrival_s,
-                                      live.migrating))
-        return tuple(out)
+        """The requests the front end has on the unit (:func:`~agent.engine.live.resident_requests`)."""
+        return resident_requests(self.live)
 
     def load(self, healthy: bool = True, with_requests: bool = False) -> UnitLoad:
         """What a dispatcher sees: the last step record, corrected by what the front end knows since;
@@ -578,3 +541,7 @@ class VllmUnit:
             chunk_tokens=self.options.max_num_batched_tokens, block_size=self.block_size,
             migrations_inflight=sum(r.migrating for r in requests), requests=requests,
         )
+
+
+if TYPE_CHECKING:
+    _CHECKED: type[LiveEngine] = VllmUnit  # mypy checks that it implements the protocol

@@ -25,13 +25,13 @@ until its first token on the target; at most ``max_migrations`` are at once. A m
 finished meanwhile (or has no token left to produce), is migrating already, is not on the named source, or the
 target is closed to new requests.
 
-**Engine failures**: a unit whose engine core dies (:attr:`~agent.engine.vllm.unit.VllmUnit.on_failed`) is marked
+**Engine failures**: a unit whose engine core dies (``on_failed``, :class:`~agent.engine.live.LiveEngine`) is marked
 failed (:attr:`VllmCluster.failed`): it is closed and the observer hears of it (``unit_failed``). Its
 requests are evacuated: each goes back to the front of the dispatcher's queue with the tokens it produced, and the
 unit the dispatcher places it on gets it by the same recompute path as a migration (reason ``unit_failed``), so its
 stream goes on. With no unit left to take it, a request waits at the dispatcher (or the dispatcher rejects it).
 With ``restart_delays`` (a backoff, :func:`~agent.runtime.vllm.restarts.backoff`), a failed unit is restarted after
-each delay in turn until a fresh engine starts (:meth:`~agent.engine.vllm.unit.VllmUnit.restart`), at most
+each delay in turn until a fresh engine starts (:meth:`~agent.engine.live.LiveEngine.restart`), at most
 ``restart_attempts`` times (then it stays failed, and the observer hears ``unit_failed`` again with why); it rejoins,
 empty (``unit_restarted``).
 A unit whose engine hangs is killed by its own watchdog and goes the same way.
@@ -52,10 +52,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import Generic, TypeVar
 
 from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.live import EngineFailed, LiveEngine
 from agent.engine.vllm.sampling import Sampling, TokenDelta
-from agent.engine.vllm.unit import EngineFailed, VllmUnit
 from agent.runtime.desk import DispatchDesk
 from agent.runtime.vllm.cluster_driver import ClusterDriver
 from agent.runtime.vllm.requests import (
@@ -75,10 +76,14 @@ RESTART_ATTEMPTS = 10
 """Restart attempts after a failure before the backoff gives up, by default (1 s doubling to 60 s: about 5 minutes)."""
 
 
-class VllmCluster:
+E = TypeVar("E", bound=LiveEngine)
+"""The units' engine type (``VllmUnit``, or any :class:`~agent.engine.live.LiveEngine`)."""
+
+
+class VllmCluster(Generic[E]):
     """Units, a dispatcher, and the pending queue between them."""
 
-    def __init__(self, units: Sequence[VllmUnit], dispatcher: DispatchPolicy, *, ttft_slo_s: float,
+    def __init__(self, units: Sequence[E], dispatcher: DispatchPolicy, *, ttft_slo_s: float,
                  tpot_slo_s: float, clock: Callable[[], float] = time.time, max_migrations: int = 8,
                  rebalance_interval_s: float = 0.005,
                  restart_delays: Callable[[], Iterator[float]] | None = None,
@@ -147,7 +152,7 @@ class VllmCluster:
             u.on_finish = self._on_finish
             u.on_failed = self._on_unit_failed
             if u.failed and u.unit_id not in self.failed:
-                self._on_unit_failed(u, u.failure or "engine core dead")
+                self._on_unit_failed(u.unit_id, u.failure or "engine core dead")
         self._checker = asyncio.get_running_loop().create_task(self._checks())
 
     async def close(self) -> None:
@@ -171,7 +176,7 @@ class VllmCluster:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def __aenter__(self) -> VllmCluster:
+    async def __aenter__(self) -> VllmCluster[E]:
         self.start()
         return self
 
@@ -236,7 +241,7 @@ class VllmCluster:
     @property
     def num_serving(self) -> int:
         """Units whose engine core runs (started, not failed; a closed but running unit counts)."""
-        return sum(1 for u in self.units if u.llm is not None and u.unit_id not in self.failed and not u.failed)
+        return sum(1 for u in self.units if u.serving and u.unit_id not in self.failed and not u.failed)
 
     def set_dispatcher(self, dispatcher: DispatchPolicy) -> None:
         """Replace the dispatch policy; the requests waiting are offered to the new one now."""
@@ -275,7 +280,7 @@ class VllmCluster:
         if self._next_check is not None:
             self._wake.set()
 
-    def _launch(self, stream: RequestStream, unit: VllmUnit, p: PendingRequest) -> None:
+    def _launch(self, stream: RequestStream, unit: LiveEngine, p: PendingRequest) -> None:
         stream._pending = p
         self._start(stream, unit, stream.request.prompt_token_ids, stream.request.max_tokens, stream.request.sampling)
         if self.observer is not None:
@@ -298,7 +303,7 @@ class VllmCluster:
             refused_by=unit_id, retry_after_s=self.ttft_slo_s,
         ))
 
-    def _start(self, stream: RequestStream, unit: VllmUnit, prompt_token_ids: list[int], max_tokens: int,
+    def _start(self, stream: RequestStream, unit: LiveEngine, prompt_token_ids: list[int], max_tokens: int,
                sampling: Sampling | None, *, migrated: bool = False, prior_outputs: int = 0,
                first_token_s: float | None = None, max_tpot_s: float | None = None) -> None:
         """Submit ``stream``'s request to ``unit`` (again, with its ``prior_outputs`` appended, when ``migrated``)."""
@@ -325,7 +330,7 @@ class VllmCluster:
                     self._evacuate([stream], unit.unit_id)
                     self.dispatch()
                 else:
-                    self._on_unit_failed(unit, exc.reason)  # evacuates this request with the others
+                    self._on_unit_failed(unit.unit_id, exc.reason)  # evacuates this request with the others
                 return
             self.streams.pop(r.request_id, None)
             stream._on_task_done(t)
@@ -369,7 +374,7 @@ class VllmCluster:
         self._recompute(stream, target, source.unit_id, m.reason or "rebalance", live.first_token_s, live.max_tpot_s)
         return True
 
-    def _recompute(self, stream: RequestStream, target: VllmUnit, source_unit: int, reason: str,
+    def _recompute(self, stream: RequestStream, target: LiveEngine, source_unit: int, reason: str,
                    first_token_s: float | None, max_tpot_s: float | None) -> None:
         """Submit ``stream``'s request to ``target`` with its outputs so far appended to its prompt (its old task
         is cancelled or over already)."""
@@ -386,11 +391,11 @@ class VllmCluster:
             self.observer.migrated(stream, source_unit, target.unit_id, reason)
 
     # -- engine failures --------------------------------------------------------------------------
-    def _on_unit_failed(self, unit: VllmUnit, reason: str) -> None:
+    def _on_unit_failed(self, unit_id: int, reason: str) -> None:
         """Close the dead unit, send its requests back to the dispatcher and offer them around; restart it with
         backoff (``restart_delays``). A unit failed already (on request, say) stays as it is."""
-        if unit.unit_id not in self.failed:
-            self._take_out(unit, reason, restart=self._checker is not None)
+        if unit_id not in self.failed:
+            self._take_out(self._by_unit[unit_id], reason, restart=self._checker is not None)
 
     def fail_unit(self, unit_id: int, reason: str = "failed on request") -> int:
         """Take a unit out as a failure would (closed, ``unit_failed``, its requests evacuated); its engine keeps
@@ -412,19 +417,19 @@ class VllmCluster:
             raise ValueError(f"unit {unit_id} has not failed")
         if self.restarts.restarting(unit_id):
             raise ValueError(f"unit {unit_id} is being restarted already")
-        if unit.llm is not None and unit.check_engine() is None:
+        if unit.serving and unit.check_engine() is None:
             self._rejoin(unit, None)
             return None
         # A unit failed on request goes back to waiting for the operator if this fails; a dead one to its backoff.
         return self.restarts.now(unit, then_backoff=unit_id not in self._held and self._checker is not None)
 
-    def _unit(self, unit_id: int) -> VllmUnit:
+    def _unit(self, unit_id: int) -> E:
         unit = self._by_unit.get(unit_id)
         if unit is None:
             raise KeyError(f"no unit {unit_id} (units: {', '.join(str(u) for u in self._by_unit)})")
         return unit
 
-    def _take_out(self, unit: VllmUnit, reason: str, *, restart: bool) -> int:
+    def _take_out(self, unit: LiveEngine, reason: str, *, restart: bool) -> int:
         """Mark ``unit`` failed and closed, evacuate its requests, tell the observer, then (``restart`` and a backoff
         configured) start restarting it; the requests are offered around. How many were evacuated."""
         uid = unit.unit_id
@@ -440,7 +445,7 @@ class VllmCluster:
         self.dispatch()
         return moved
 
-    def _gave_up(self, unit: VllmUnit, num_attempts: int, error: str) -> None:
+    def _gave_up(self, unit: LiveEngine, num_attempts: int, error: str) -> None:
         """The backoff could not start a fresh engine: the unit stays failed (``recover_unit`` tries again), and the
         observer hears of it as of a failure, with why."""
         reason = f"gave up restarting after {num_attempts} attempts (the last: {error})"
@@ -448,7 +453,7 @@ class VllmCluster:
         if self.observer is not None:
             self.observer.unit_failed(unit, reason, 0)
 
-    def _rejoin(self, unit: VllmUnit, num_attempts: int | None) -> None:
+    def _rejoin(self, unit: LiveEngine, num_attempts: int | None) -> None:
         """Open a failed unit again: restarted after ``num_attempts`` (``unit_restarted``), or with its engine as it
         was (None: ``unit_recovered``); the requests waiting are offered to it."""
         uid = unit.unit_id
@@ -506,9 +511,9 @@ class VllmCluster:
         if self.observer is not None:
             self.observer.finished(self._by_unit[unit_id], outcome)
 
-    def _on_step(self, unit: VllmUnit, rec: StepRecord) -> None:
+    def _on_step(self, unit_id: int, rec: StepRecord) -> None:
         if self.observer is not None:
-            self.observer.stepped(unit, rec)
+            self.observer.stepped(self._by_unit[unit_id], rec)
         dispatcher = self.dispatcher
         if self.pending:
             if dispatcher.wants_step_reports:
@@ -516,16 +521,17 @@ class VllmCluster:
         elif dispatcher.rebalances and self._clock() - self._last_dispatch_s >= self.rebalance_interval_s:
             self.dispatch()
 
-    def _on_first_token(self, unit: VllmUnit, request_id: str) -> None:
+    def _on_first_token(self, unit_id: int, request_id: str) -> None:
+        unit = self._by_unit[unit_id]
         stream, live = self.streams.get(request_id), unit.live.get(request_id)
         if stream is not None and live is not None and stream.first_token_s is None:
             stream.first_token_s = live.first_token_s
         if self.observer is not None:
             self.observer.first_token(unit, request_id)
 
-    def _on_finish(self, unit: VllmUnit, outcome: RequestOutcome) -> None:
+    def _on_finish(self, unit_id: int, outcome: RequestOutcome) -> None:
         if self.observer is not None:
-            self.observer.finished(unit, outcome)
+            self.observer.finished(self._by_unit[unit_id], outcome)
 
     async def _checks(self) -> None:
         wake = self._wake

@@ -4,7 +4,7 @@ a refusal, a rejection and a move are carried out on vLLM units (:class:`~agent.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.runtime.desk import Placement, RejectReason, UnitAccess
 from agent.runtime.vllm.requests import PendingTimeout, RequestRejected
@@ -19,7 +19,7 @@ class ClusterDriver:
 
     __slots__ = ("cluster",)
 
-    def __init__(self, cluster: VllmCluster) -> None:
+    def __init__(self, cluster: VllmCluster[Any]) -> None:
         self.cluster = cluster
 
     def unit_access(self, unit_id: int) -> UnitAccess:

@@ -12,7 +12,7 @@ at speed 1. The units stamp steps and tokens with ``time.time()``; records are m
 Control: a unit's batch policy lives in its engine-core process. :class:`LiveUnit` keeps the agent's copy of it
 (what the control plane validates against, what status and audits show), sends every change over the unit's
 control channel, and :meth:`LiveVllmNode.settle` waits for the engine's acknowledgement (an idle engine is asked
-to look at its channel at once: ``VllmUnit.reply``); a unit that refuses a change gets its copy back. Pause uses
+to look at its channel at once: ``LiveEngine.reply``); a unit that refuses a change gets its copy back. Pause uses
 vLLM's own ``pause_generation(mode="keep")`` (no steps, requests and KV kept); pause, drain and resume also close
 and open the unit to the dispatcher.
 
@@ -37,12 +37,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
 from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.live import LiveEngine
 from agent.engine.vllm.messages import SetParams, SetPolicy
-from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.port import FaultHook, FinishHook, RequestHook, Settled, StepHook
 from agent.runtime.records import DispatchHook, MigrateHook, MigrationRecord, PreemptHook, RequestState
 from agent.runtime.vllm.cluster import VllmCluster
@@ -80,7 +81,7 @@ class _Sent:
 class LiveUnit:
     """One vLLM unit as the hub and the control plane see it (:class:`agent.runtime.port.ServedUnit`)."""
 
-    def __init__(self, unit: VllmUnit, policy: BatchPolicy, node: LiveVllmNode) -> None:
+    def __init__(self, unit: LiveEngine, policy: BatchPolicy, node: LiveVllmNode) -> None:
         self.unit = unit
         self._policy = policy
         self._node = node
@@ -148,7 +149,7 @@ class LiveUnit:
 class LiveVllmNode:
     """A :class:`VllmCluster` as an :class:`agent.runtime.port.LiveNode` (see the module's docstring)."""
 
-    def __init__(self, cluster: VllmCluster, policies: Sequence[BatchPolicy], *, origin_ns: int | None = None,
+    def __init__(self, cluster: VllmCluster[Any], policies: Sequence[BatchPolicy], *, origin_ns: int | None = None,
                  requests: Sequence[RequestSpec] = (), vocab: int = 32000, seed: int = 0,
                  clock_ns: Callable[[], int] = time.time_ns) -> None:
         if len(policies) != len(cluster.units):
@@ -393,11 +394,11 @@ class LiveVllmNode:
             if self.on_request is not None:
                 self.on_request("refused", state)
 
-    def stepped(self, unit: VllmUnit, record: StepRecord) -> None:
+    def stepped(self, unit: LiveEngine, record: StepRecord) -> None:
         record = msgspec.structs.replace(record, start_s=self._node_s(record.start_s))
         if self.on_step is not None:
             self.on_step(record)
-        raw = unit.last.preempted if unit.last is not None else ()
+        raw = unit.last_preempted
         if raw:
             ids = tuple(self._our_id(rid) for rid in raw)
             for rid in ids:
@@ -413,12 +414,12 @@ class LiveVllmNode:
         base, sep, _ = engine_id.rpartition("-")
         return base if sep and base in self.states else engine_id
 
-    def first_token(self, unit: VllmUnit, request_id: str) -> None:
+    def first_token(self, unit: LiveEngine, request_id: str) -> None:
         state = self.states.get(request_id)
         if state is not None and self.on_request is not None:
             self.on_request("first_token", state)
 
-    def finished(self, unit: VllmUnit, outcome: RequestOutcome) -> None:
+    def finished(self, unit: LiveEngine, outcome: RequestOutcome) -> None:
         rid = outcome.request_id
         self.states.pop(rid, None)
         self.num_finished += 1
@@ -435,16 +436,16 @@ class LiveVllmNode:
             if stream.error is not None and not isinstance(stream.error, RequestAborted):
                 log.warning("request %s failed on unit %s: %s", stream.request_id, stream.unit_id, stream.error)
 
-    def unit_failed(self, unit: VllmUnit, reason: str, num_evacuated: int) -> None:
+    def unit_failed(self, unit: LiveEngine, reason: str, num_evacuated: int) -> None:
         self.unit_modes[self.unit_index(unit.unit_id)] = "failed"
         log.error("unit %s failed: %s (%d request(s) go on elsewhere)", unit.unit_id, reason, num_evacuated)
         if self.on_fault is not None:
             self.on_fault(unit.unit_id, reason)
 
-    def unit_restarted(self, unit: VllmUnit, num_attempts: int) -> None:
+    def unit_restarted(self, unit: LiveEngine, num_attempts: int) -> None:
         index = self.unit_index(unit.unit_id)
         self.unit_modes[index] = "active"
-        if not unit.options.plain:  # the fresh engine starts with the launch policy: give it the current one
+        if unit.takes_control:  # the fresh engine starts with the launch policy: give it the current one
             served = self.units[index]
             served.set_policy(served.policy)
         how = f"restarted (attempt {num_attempts}), engine core pid {unit.engine_pid}"
@@ -452,7 +453,7 @@ class LiveVllmNode:
         if self.on_recover is not None:
             self.on_recover(unit.unit_id, how)
 
-    def unit_recovered(self, unit: VllmUnit) -> None:
+    def unit_recovered(self, unit: LiveEngine) -> None:
         self.unit_modes[self.unit_index(unit.unit_id)] = "active"
         how = f"recovered on request, engine core pid {unit.engine_pid}"
         log.warning("unit %s %s", unit.unit_id, how)

@@ -10,11 +10,11 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.engine.base import RequestOutcome, StepRecord
+from agent.engine.live import LiveEngine
 from agent.engine.vllm.sampling import Sampling, TokenDelta
-from agent.engine.vllm.unit import VllmUnit
 from policies.types import DispatchDecision, PendingRequest, UnitLoad
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class RequestStream:
     when vLLM failed it (a ``ValueError`` for a request vLLM finds invalid).
     """
 
-    def __init__(self, request: ClusterRequest, cluster: VllmCluster, collect: bool) -> None:
+    def __init__(self, request: ClusterRequest, cluster: VllmCluster[Any], collect: bool) -> None:
         self.request = request
         self.request_id = request.request_id
         self.unit_id: int | None = None
@@ -191,12 +191,12 @@ class ClusterObserver(Protocol):
     def rejected(self, stream: RequestStream) -> None:
         """The dispatcher refused a request."""
 
-    def stepped(self, unit: VllmUnit, record: StepRecord) -> None:
-        """A unit reported a step (its raw message is ``unit.last``)."""
+    def stepped(self, unit: LiveEngine, record: StepRecord) -> None:
+        """A unit reported a step (its preempted requests: ``unit.last_preempted``)."""
 
-    def first_token(self, unit: VllmUnit, request_id: str) -> None: ...
+    def first_token(self, unit: LiveEngine, request_id: str) -> None: ...
 
-    def finished(self, unit: VllmUnit, outcome: RequestOutcome) -> None: ...
+    def finished(self, unit: LiveEngine, outcome: RequestOutcome) -> None: ...
 
     def ended(self, stream: RequestStream) -> None:
         """A request ended without an outcome: aborted (pending or on its unit), or failed by its engine
@@ -205,11 +205,11 @@ class ClusterObserver(Protocol):
     def migrated(self, stream: RequestStream, source_unit: int, target_unit: int, reason: str) -> None:
         """A request moved by recompute (aborted on ``source_unit``, re-submitted on ``target_unit`` now)."""
 
-    def unit_failed(self, unit: VllmUnit, reason: str, num_evacuated: int) -> None:
+    def unit_failed(self, unit: LiveEngine, reason: str, num_evacuated: int) -> None:
         """A unit's engine core died; ``num_evacuated`` of its requests went back to the dispatcher."""
 
-    def unit_restarted(self, unit: VllmUnit, num_attempts: int) -> None:
+    def unit_restarted(self, unit: LiveEngine, num_attempts: int) -> None:
         """A failed unit runs a fresh engine and takes requests again."""
 
-    def unit_recovered(self, unit: VllmUnit) -> None:
+    def unit_recovered(self, unit: LiveEngine) -> None:
         """A unit failed on request (:meth:`VllmCluster.fail_unit`) takes requests again, its engine the same."""

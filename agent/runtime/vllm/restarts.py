@@ -2,7 +2,7 @@
 
 :class:`Restarts` owns the restart tasks of a cluster's units (:mod:`agent.runtime.vllm.cluster`): at most one per
 unit, a backoff's delays one after another until a fresh engine starts
-(:meth:`~agent.engine.vllm.unit.VllmUnit.restart`), then ``rejoin(unit, attempts)``. Each failure gets a fresh
+(:meth:`~agent.engine.live.LiveEngine.restart`), then ``rejoin(unit, attempts)``. Each failure gets a fresh
 backoff (``delays``); without one (``--no-restart``) failed units stay failed until an operator recovers them.
 With ``max_attempts``, a backoff gives up after that many failed attempts (an engine that cannot start: no GPU
 memory, a GPU error): the unit stays failed, ``gave_up(unit, attempts, error)`` is told, and an operator's
@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator
 
-from agent.engine.vllm.unit import VllmUnit
+from agent.engine.live import LiveEngine
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,8 @@ class Restarts:
     """The restart tasks of a cluster's units (see the module's docstring)."""
 
     def __init__(self, delays: Callable[[], Iterator[float]] | None,
-                 rejoin: Callable[[VllmUnit, int], None], *, max_attempts: int | None = None,
-                 gave_up: Callable[[VllmUnit, int, str], None] | None = None) -> None:
+                 rejoin: Callable[[LiveEngine, int], None], *, max_attempts: int | None = None,
+                 gave_up: Callable[[LiveEngine, int, str], None] | None = None) -> None:
         if max_attempts is not None and max_attempts < 1:
             raise ValueError("max_attempts must be >= 1 (None: no limit)")
         self.delays = delays
@@ -50,12 +50,12 @@ class Restarts:
     def restarting(self, unit_id: int) -> bool:
         return unit_id in self._restarting
 
-    def after_backoff(self, unit: VllmUnit) -> None:
+    def after_backoff(self, unit: LiveEngine) -> None:
         """Restart ``unit`` after each delay of a fresh backoff until it starts (nothing without ``delays``)."""
         if self.delays is not None:
             self._tasks[unit.unit_id] = asyncio.get_running_loop().create_task(self._backoff(unit, self.delays()))
 
-    def now(self, unit: VllmUnit, *, then_backoff: bool) -> asyncio.Task[None]:
+    def now(self, unit: LiveEngine, *, then_backoff: bool) -> asyncio.Task[None]:
         """One attempt now, in place of any backoff waiting; the task raises what the restart raised, after which
         (``then_backoff``) a backoff takes over again."""
         uid = unit.unit_id
@@ -72,14 +72,14 @@ class Restarts:
         for task in self._tasks.values():
             task.cancel()
 
-    async def _attempt(self, unit: VllmUnit) -> None:
+    async def _attempt(self, unit: LiveEngine) -> None:
         self._restarting.add(unit.unit_id)
         try:
             await unit.restart()
         finally:
             self._restarting.discard(unit.unit_id)
 
-    async def _now(self, unit: VllmUnit, then_backoff: bool) -> None:
+    async def _now(self, unit: LiveEngine, then_backoff: bool) -> None:
         uid = unit.unit_id
         try:
             await self._attempt(unit)
@@ -92,7 +92,7 @@ class Restarts:
         self._tasks.pop(uid, None)
         self._rejoin(unit, 1)
 
-    async def _backoff(self, unit: VllmUnit, delays: Iterator[float]) -> None:
+    async def _backoff(self, unit: LiveEngine, delays: Iterator[float]) -> None:
         attempts = 0
         for delay in delays:
             await asyncio.sleep(delay)

@@ -16,11 +16,12 @@ import pytest
 pytest.importorskip("vllm")
 
 from agent.bench.vllm_runner import run_workload
+from agent.engine.live import LiveRequest
 from agent.engine.vllm.config import UnitSettings
 from agent.engine.vllm.cpu import cpu_vllm_config
 from agent.engine.vllm.fake_executor import FakeExecutor
 from agent.engine.vllm.options import EngineOptions
-from agent.engine.vllm.unit import VllmUnit, _Live
+from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.records import MigrationRecord
 from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode
@@ -134,7 +135,7 @@ def test_forced_migration_keeps_the_stream_whole(async_scheduling: bool, after: 
 
 def test_migrating_request_is_flagged_until_its_first_token_on_the_target() -> None:
     unit = _unit(0)  # not started: the front end's bookkeeping only
-    unit.live["x"] = unit_live = _Live(1.0, 100, 50, 1.0, 0.1, 1.0, None, None, 0.5, 30, 30, True)
+    unit.live["x"] = unit_live = LiveRequest(1.0, 100, 50, 1.0, 0.1, 1.0, None, None, 0.5, 30, 30, True)
     load = unit.load(with_requests=True)
     (r,) = load.requests
     assert r.migrating and r.context_tokens == 130 and r.output_tokens == 30 and r.computed_tokens == 0

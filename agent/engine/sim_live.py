@@ -1,0 +1,309 @@
+"""A simulated unit as a live engine: it steps by itself in the event loop, in wall time (issue #14, item 0).
+
+:class:`SimLiveUnit` runs a :class:`~agent.engine.sim.SimUnit` (the calibrated simulator: its batch policy, its KV
+cache, its step timer) behind the :class:`~agent.engine.live.LiveEngine` interface that vLLM units implement, so the
+live cluster (``agent.runtime.vllm.cluster``), its node for the hub and the control plane, migration by recompute,
+engine failures and restarts all run, and are tested, without vLLM. It is the second implementation of that interface,
+and keeps it honest: what the cluster needs from an engine is in the protocol, not in ``VllmUnit``.
+
+- **Steps**: while the unit has work and is not paused, a task plans a step (``SimUnit.begin_step`` at the wall clock),
+  sleeps for the step's duration as the unit's timer gives it, and ends it at the wall clock (so a step that the
+  event loop delays lasts longer, as on a real engine). Tokens are counted by the request's
+  :class:`~agent.engine.live.LiveRequest` (TTFT and TPOT as a client would see them) and streamed as
+  :class:`~agent.engine.vllm.sampling.TokenDelta` s with made-up token ids (the simulator has no model); every request
+  produces exactly ``max_tokens`` (no stop strings, no text).
+- **Aborts**: cancelling a request's task takes it off the unit (its KV freed), after the step in flight when it is
+  part of it.
+- **Control**: :func:`~agent.engine.live.apply_control` on the unit's policy, at once (a new policy plans the next step,
+  never one in flight), answered at once.
+- **Failures**: :meth:`SimLiveUnit.kill` stands for an engine-core process that died: the unit fails (``on_failed``)
+  and each of its requests' tasks raises :class:`~agent.engine.live.EngineFailed`. :meth:`SimLiveUnit.restart` builds
+  a fresh unit with ``make``.
+
+There is no engine process (``engine_pid`` is None) and no hang watchdog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from agent.engine.base import RequestOutcome, StepResult, SubmittedRequest
+from agent.engine.live import (
+    EngineFailed,
+    FailedCallback,
+    FinishCallback,
+    FirstTokenCallback,
+    LiveEngine,
+    LiveRequest,
+    StepCallback,
+    apply_control,
+    build_policy,
+    resident_requests,
+)
+from agent.engine.sim import SimUnit
+from agent.engine.vllm.messages import ControlReply, ControlRequest
+from agent.engine.vllm.sampling import Sampling, TokenDelta
+from policies.types import UnitLoad
+
+VOCAB = 32_000
+"""Made-up token ids are below this."""
+
+
+def token_id(index: int) -> int:
+    """The made-up id of a request's output token number ``index`` (from 0): the same on any unit, so that a request
+    moved by recompute goes on with the ids it would have had."""
+    return 1 + (7919 * (index + 1)) % (VOCAB - 1)
+
+
+class SimLiveUnit:
+    """A :class:`~agent.engine.sim.SimUnit` stepping on its own (see the module's docstring). ``make`` builds the unit,
+    now and at each :meth:`restart`; ``clock`` is the wall clock the cluster uses (seconds)."""
+
+    def __init__(self, make: Callable[[], SimUnit], *, clock: Callable[[], float] = time.time) -> None:
+        self._make = make
+        self.sim = make()
+        self.unit_id = self.sim.unit_id
+        self._clock = clock
+        self.live: dict[str, LiveRequest] = {}
+        self._done: dict[str, asyncio.Future[RequestOutcome]] = {}
+        """Each live request's outcome, to come."""
+        self.on_step: StepCallback | None = None
+        self.on_first_token: FirstTokenCallback | None = None
+        self.on_finish: FinishCallback | None = None
+        self.on_failed: FailedCallback | None = None
+        self.failure: str | None = None
+        self.paused = False
+        self.last_preempted: tuple[str, ...] = ()
+        self.num_steps = 0
+        """Steps run, over restarts."""
+        self._started = False
+        self._stepper: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._dropping: set[str] = set()
+        """Requests aborted while part of the step in flight: taken off the unit when it ends."""
+        self._deferred: list[SubmittedRequest] = []
+        """Submissions of a request that is still being dropped (moved back here at once): made after the step."""
+        self._replies: dict[str, ControlReply] = {}
+
+    # -- life cycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start stepping (inside the running loop)."""
+        self._started = True
+        if self._stepper is None and self.failure is None:
+            self._stepper = asyncio.get_running_loop().create_task(self._steps())
+
+    async def stop(self) -> None:
+        """Stop stepping; requests still on the unit are left unanswered (the cluster aborts them first)."""
+        self._started = False
+        if self._stepper is not None:
+            self._stepper.cancel()
+            await asyncio.gather(self._stepper, return_exceptions=True)
+            self._stepper = None
+
+    async def restart(self) -> None:
+        """A fresh unit from ``make`` in place of this one (its requests are forgotten: the cluster moved them)."""
+        await self.stop()
+        self.sim = self._make()
+        self.live.clear()
+        self._done.clear()
+        self._dropping.clear()
+        self._deferred.clear()
+        self.failure = None
+        self.paused = False
+        self.last_preempted = ()
+        self.start()
+
+    def kill(self, reason: str = "engine killed") -> None:
+        """The engine dies: it stops stepping, the unit fails, and its requests' tasks raise ``EngineFailed``."""
+        if self.failure is not None:
+            return
+        if self._stepper is not None:
+            self._stepper.cancel()
+            self._stepper = None
+        self.failure = reason
+        for fut in self._done.values():
+            if not fut.done():
+                fut.set_exception(EngineFailed(self.unit_id, reason))
+        if self.on_failed is not None:
+            asyncio.get_running_loop().call_soon(self.on_failed, self.unit_id, reason)
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    @property
+    def serving(self) -> bool:
+        return self._started
+
+    @property
+    def engine_pid(self) -> int | None:
+        return None
+
+    @property
+    def takes_control(self) -> bool:
+        return True
+
+    def check_engine(self) -> str | None:
+        return self.failure
+
+    async def pause(self) -> None:
+        """Stop stepping after the step in flight; requests stay, their KV kept."""
+        self.paused = True
+
+    async def resume(self) -> None:
+        self.paused = False
+        self._wake.set()
+
+    # -- control ----------------------------------------------------------------------------------
+    def send_control(self, message: ControlRequest) -> str:
+        """Apply a control request now (see the module's docstring); its reply waits under the returned id."""
+        mid = uuid.uuid4().hex
+        policy, reply = apply_control(self.sim.policy, msgspec.structs.replace(message, id=mid), self.unit_id,
+                                      build_policy)
+        if policy is not self.sim.policy:
+            self.sim.set_policy(policy)
+        self._replies[mid] = reply
+        self._wake.set()
+        return mid
+
+    async def reply(self, mid: str, timeout_s: float = 30.0, *, what: str = "control message") -> ControlReply:
+        try:
+            return self._replies.pop(mid)
+        except KeyError:
+            raise KeyError(f"unit {self.unit_id}: no {what} {mid} was sent") from None
+
+    # -- requests ---------------------------------------------------------------------------------
+    def submit(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, *, arrival_s: float,
+               ttft_slo_s: float, tpot_slo_s: float, sampling: Sampling | None = None,
+               on_output: Callable[[TokenDelta], None] | None = None, prompt_tokens: int | None = None,
+               prior_outputs: int = 0, first_token_s: float | None = None,
+               params: Any = None, max_tpot_s: float | None = None) -> asyncio.Task[RequestOutcome]:
+        """Start a request (:meth:`~agent.engine.live.LiveEngine.submit`); a prompt the unit cannot hold fails the
+        task with ``ValueError``."""
+        loop = asyncio.get_running_loop()
+        live = self.live[request_id] = LiveRequest(
+            arrival_s, prompt_tokens if prompt_tokens is not None else len(prompt_token_ids), max_tokens,
+            ttft_slo_s, tpot_slo_s, self._clock(), sampling, on_output, first_token_s, prior_outputs, prior_outputs,
+            prompt_tokens is not None, params, max_tpot_s,
+        )
+        fut: asyncio.Future[RequestOutcome] = loop.create_future()
+        self._done[request_id] = fut
+        if self.failure is not None:
+            fut.set_exception(EngineFailed(self.unit_id, self.failure))
+        else:
+            spec = SubmittedRequest(request_id, arrival_s, len(prompt_token_ids), max_tokens, ttft_slo_s, tpot_slo_s)
+            if request_id in self._dropping:
+                self._deferred.append(spec)
+            else:
+                try:
+                    self.sim.submit(spec, self._clock())
+                except ValueError as exc:
+                    fut.set_exception(exc)
+            self._wake.set()
+        task = loop.create_task(self._outcome(fut))
+        task.add_done_callback(lambda t: self._ended(request_id, live, fut, t))
+        return task
+
+    @staticmethod
+    async def _outcome(fut: asyncio.Future[RequestOutcome]) -> RequestOutcome:
+        return await fut
+
+    def _ended(self, request_id: str, live: LiveRequest, fut: asyncio.Future[RequestOutcome],
+               task: asyncio.Task[RequestOutcome]) -> None:
+        """A request's task is over: forget it; a cancelled one (aborted, or moved away) leaves the unit."""
+        if self.live.get(request_id) is live:
+            del self.live[request_id]
+        if self._done.get(request_id) is not fut:
+            return  # submitted here again meanwhile: the new submission is not ours to touch
+        del self._done[request_id]
+        if task.cancelled() and self.failure is None:
+            self._drop(request_id)
+
+    def _drop(self, request_id: str) -> None:
+        sim = self.sim
+        deferred = [s for s in self._deferred if s.request_id == request_id]
+        if deferred:
+            self._deferred.remove(deferred[0])
+        elif sim.stepping(request_id):
+            self._dropping.add(request_id)
+        elif sim.has_request(request_id):
+            sim.detach(request_id)
+        self._wake.set()
+
+    # -- stepping ---------------------------------------------------------------------------------
+    async def _steps(self) -> None:
+        wake = self._wake
+        while True:
+            sim = self.sim
+            if self.paused or not sim.has_work():
+                wake.clear()
+                await wake.wait()
+                continue
+            before = {rid: r.output for rid, r in sim.requests.items()}
+            start = self._clock()
+            duration = sim.begin_step(start)
+            if duration is None:  # nothing the policy would run now: wait for a change
+                wake.clear()
+                await wake.wait()
+                continue
+            await asyncio.sleep(max(0.0, start + duration - self._clock()))
+            now = self._clock()
+            self._after(sim.end_step(now), before, now)
+
+    def _after(self, result: StepResult, before: dict[str, int], now: float) -> None:
+        """Report a step that ended at ``now``: tokens, first tokens, finishes, then the step record."""
+        sim = self.sim
+        self.num_steps += 1
+        self.last_preempted = result.preempted
+        dropped = self._dropping
+        self._dropping = set()
+        for rid in dropped:
+            if sim.has_request(rid):
+                sim.detach(rid)
+        for spec in self._deferred:
+            fut = self._done.get(spec.request_id)
+            try:
+                sim.submit(spec, now)
+            except ValueError as exc:
+                if fut is not None and not fut.done():
+                    fut.set_exception(exc)
+        self._deferred.clear()
+        finished = {o.request_id: o for o in result.finished}
+        for rid, was in before.items():
+            live, fut = self.live.get(rid), self._done.get(rid)
+            if rid in dropped or live is None or fut is None or fut.done():
+                continue
+            req = sim.requests.get(rid)
+            done = finished.get(rid)
+            n = (req.output if req is not None else done.output_tokens if done is not None else was) - was
+            if n > 0:
+                if live.took(n, now) and self.on_first_token is not None:
+                    self.on_first_token(self.unit_id, rid)
+                if live.on_output is not None:
+                    ids = tuple(token_id(i) for i in range(live.outputs - n, live.outputs))
+                    live.on_output(TokenDelta(ids, "", "length" if done is not None else None))
+            if done is not None:
+                outcome = live.outcome(rid, self.unit_id, now)
+                fut.set_result(outcome)
+                if self.on_finish is not None:
+                    self.on_finish(self.unit_id, outcome)
+        if self.on_step is not None:
+            self.on_step(self.unit_id, result.record)
+
+    # -- load -------------------------------------------------------------------------------------
+    def load(self, healthy: bool = True, with_requests: bool = False) -> UnitLoad:
+        """The unit's own load (exact: the simulator knows it), with the front end's requests when asked."""
+        requests = resident_requests(self.live) if with_requests else ()
+        return dataclasses.replace(self.sim.load(), healthy=healthy, requests=requests,
+                                   migrations_inflight=sum(1 for r in self.live.values() if r.migrating))
+
+
+if TYPE_CHECKING:
+    _CHECKED: type[LiveEngine] = SimLiveUnit  # mypy checks that it implements the protocol
