@@ -91,6 +91,8 @@ class SimLiveUnit:
         self._deferred: list[SubmittedRequest] = []
         """Submissions of a request that is still being dropped (moved back here at once): made after the step."""
         self._replies: dict[str, ControlReply] = {}
+        self._prompt_since_step = 0
+        """Prompt tokens submitted since the last step ended (what the policy's admission budget has not seen)."""
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,6 +201,7 @@ class SimLiveUnit:
             fut.set_exception(EngineFailed(self.unit_id, self.failure))
         else:
             spec = SubmittedRequest(request_id, arrival_s, len(prompt_token_ids), max_tokens, ttft_slo_s, tpot_slo_s)
+            self._prompt_since_step += len(prompt_token_ids)
             if request_id in self._dropping:
                 self._deferred.append(spec)
             else:
@@ -262,6 +265,7 @@ class SimLiveUnit:
         sim = self.sim
         self.num_steps += 1
         self.last_preempted = result.preempted
+        self._prompt_since_step = 0
         dropped = self._dropping
         self._dropping = set()
         for rid in dropped:
@@ -299,9 +303,16 @@ class SimLiveUnit:
 
     # -- load -------------------------------------------------------------------------------------
     def load(self, healthy: bool = True, with_requests: bool = False) -> UnitLoad:
-        """The unit's own load (exact: the simulator knows it), with the front end's requests when asked."""
+        """The unit's own load (exact: the simulator knows it), with the front end's requests when asked. The
+        policy's admission budget is reduced by the prompts submitted since its last step, as a vLLM unit reports
+        it (the live cluster asks ``refuses_within`` with it; the policy itself counts only what ``refuses``
+        admitted, which a live node never calls)."""
+        load = self.sim.load()
+        pab = load.prefill_admission_budget
+        if pab is not None:
+            pab -= self._prompt_since_step
         requests = resident_requests(self.live) if with_requests else ()
-        return dataclasses.replace(self.sim.load(), healthy=healthy, requests=requests,
+        return dataclasses.replace(load, healthy=healthy, requests=requests, prefill_admission_budget=pab,
                                    migrations_inflight=sum(1 for r in self.live.values() if r.migrating))
 
 

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import ClassVar
 
 import pytest
-from node_builders import make_unit
+from node_builders import H100_LIKE, make_unit
 
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.live import EngineFailed
@@ -19,7 +19,13 @@ from agent.engine.vllm.messages import SetParams, SetPolicy
 from agent.runtime.records import MigrationRecord
 from agent.runtime.vllm.cluster import VllmCluster
 from agent.runtime.vllm.live import LiveVllmNode
-from agent.runtime.vllm.requests import ClusterRequest, PendingTimeout, RequestAborted, RequestStream
+from agent.runtime.vllm.requests import (
+    ClusterRequest,
+    PendingTimeout,
+    RequestAborted,
+    RequestRejected,
+    RequestStream,
+)
 from agent.workload.types import RequestSpec
 from policies.base import DispatchPolicy
 from policies.cost.step_model import StepCoefficients
@@ -334,5 +340,32 @@ def test_the_live_node_replays_a_workload_and_reports_it_in_node_time() -> None:
         assert steps and all(0 <= r.start_s <= elapsed for r in steps)
         assert preempted and set(preempted) <= {s.request_id for s in work}  # 40 blocks of 16 hold 4 of these
         assert node.num_finished == 24 and sum(o.num_preemptions for o in finished) == len(preempted)
+
+    run(main)
+
+
+def test_the_admission_budget_is_consulted_at_dispatch() -> None:
+    """FairBatching+PAB on a live unit: once the unit reported a budget, a burst of long prompts takes it and the
+    rest are refused at dispatch (``refused_by``, a retry hint), none lost."""
+    async def main() -> None:
+        units = sim_units(1, "fairbatching+pab", H100_LIKE, num_blocks=20_000)
+        units[0].start()
+        cluster = VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=0.5, tpot_slo_s=0.05)
+        node = LiveVllmNode(cluster, [BATCH_POLICIES["fairbatching+pab"]()])
+        async with cluster:
+            first = cluster.submit(ClusterRequest("warm", prompt(100), 200))
+            await until(lambda: units[0].num_steps > 0 and units[0].load().prefill_admission_budget is not None,
+                        "a reported budget")
+            budget = units[0].load().prefill_admission_budget
+            assert budget is not None and 0 < budget < 40 * 6000
+            burst = [cluster.submit(ClusterRequest(f"b{i:02d}", prompt(6000), 4)) for i in range(40)]
+            results = await asyncio.gather(*(s.wait() for s in burst), return_exceptions=True)
+            await first.wait()
+        refused = [r for r in results if isinstance(r, RequestRejected)]
+        served = [r for r in results if isinstance(r, RequestOutcome)]
+        assert refused and served and len(refused) + len(served) == 40
+        assert all(r.refused_by == 0 and r.retry_after_s == 0.5 for r in refused)
+        assert node.num_refused == cluster.num_refused == len(refused)
+        assert sum(6000 for _ in served) <= budget + 6000  # no more admitted than the budget held (the last may cross)
 
     run(main)
