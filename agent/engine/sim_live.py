@@ -6,10 +6,13 @@ live cluster (``agent.runtime.vllm.cluster``), its node for the hub and the cont
 engine failures and restarts all run, and are tested, without vLLM. It is the second implementation of that interface,
 and keeps it honest: what the cluster needs from an engine is in the protocol, not in ``VllmUnit``.
 
-- **Steps**: while the unit has work and is not paused, a task plans a step (``SimUnit.begin_step`` at the wall clock),
-  sleeps for the step's duration as the unit's timer gives it, and ends it at the wall clock (so a step that the
-  event loop delays lasts longer, as on a real engine). Tokens are counted by the request's
-  :class:`~agent.engine.live.LiveRequest` (TTFT and TPOT as a client would see them) and streamed as
+- **Steps**: while the unit has work and is not paused, a task plans a step (``SimUnit.begin_step``), sleeps for the
+  step's duration as the unit's timer gives it, and ends it. The unit keeps its own clock, as an engine core in a
+  process of its own does: steps run back to back (the next starts when the last ended, however late the event loop
+  got to it; after an idle spell, at the wall clock), and a step lasts exactly what the timer said. What the loop's
+  delays change is when the front end gets the outputs: tokens are counted when the loop gets to them, by the
+  request's :class:`~agent.engine.live.LiveRequest` (TTFT and TPOT as a client would see them;
+  :attr:`SimLiveUnit.late_s` sums the delays), and streamed as
   :class:`~agent.engine.vllm.sampling.TokenDelta` s with made-up token ids (the simulator has no model); every request
   produces exactly ``max_tokens`` (no stop strings, no text).
 - **Aborts**: cancelling a request's task takes it off the unit (its KV freed), after the step in flight when it is
@@ -83,6 +86,9 @@ class SimLiveUnit:
         self.last_preempted: tuple[str, ...] = ()
         self.num_steps = 0
         """Steps run, over restarts."""
+        self.late_s = 0.0
+        """How much later than its step ended the event loop got to each step's outputs, in all."""
+        self.max_late_s = 0.0
         self._started = False
         self._stepper: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -243,25 +249,34 @@ class SimLiveUnit:
     # -- stepping ---------------------------------------------------------------------------------
     async def _steps(self) -> None:
         wake = self._wake
+        ended: float | None = None  # when the engine's last step ended, on its own clock; None: it has waited since
         while True:
             sim = self.sim
             if self.paused or not sim.has_work():
                 wake.clear()
                 await wake.wait()
+                ended = None
                 continue
             before = {rid: r.output for rid, r in sim.requests.items()}
-            start = self._clock()
+            start = self._clock() if ended is None else ended  # back to back: the engine does not wait for the loop
             duration = sim.begin_step(start)
             if duration is None:  # nothing the policy would run now: wait for a change
                 wake.clear()
                 await wake.wait()
+                ended = None
                 continue
-            await asyncio.sleep(max(0.0, start + duration - self._clock()))
+            ended = start + duration
+            await asyncio.sleep(max(0.0, ended - self._clock()))
             now = self._clock()
-            self._after(sim.end_step(now), before, now)
+            late = now - ended
+            self.late_s += late
+            if late > self.max_late_s:
+                self.max_late_s = late
+            self._after(sim.end_step(ended), before, now)
 
     def _after(self, result: StepResult, before: dict[str, int], now: float) -> None:
-        """Report a step that ended at ``now``: tokens, first tokens, finishes, then the step record."""
+        """Report a step whose outputs the event loop got to at ``now``: tokens, first tokens, finishes (timed at
+        ``now``, as the front end of a vLLM unit times them), then the step record (on the engine's clock)."""
         sim = self.sim
         self.num_steps += 1
         self.last_preempted = result.preempted

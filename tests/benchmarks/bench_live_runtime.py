@@ -1,0 +1,153 @@
+"""The live runtime against the simulator, on the same units: what does the agent's own runtime add? (issue #14)
+
+    python tests/benchmarks/bench_live_runtime.py [--workload poisson:n=1200,rate=20] [--trace FILE --limit N]
+                                                 [--units 4] [--batch-policy vllm] [--dispatch least_loaded]
+                                                 [--time-scale 1.0] [--seed 0]
+
+The same requests replayed twice on the same simulated units (the calibration profile's step times, batch policy,
+KV cache and online step model, as ``trackside bench`` builds them):
+
+1. **sim**: the discrete-event node on simulated time (``trackside bench``'s replay: a step lasts exactly what the
+   unit's timer says, dispatch takes no time);
+2. **live**: the live cluster and node that serve vLLM units (``agent.runtime.vllm``: the dispatch desk, the
+   streams, the observer that feeds the hub), over :class:`~agent.engine.sim_live.SimLiveUnit` s stepping in wall
+   time in one asyncio loop.
+
+What differs between the two is the runtime: the event loop's delays (a step ends when the loop gets to it), the
+dispatcher asked as the loop delivers arrivals and step reports, streams and callbacks. The table gives TTFT, the
+worst per-token TPOT and end-to-end latency (p50, p90, p99), requests finished, SLO attainment, unit-steps and the
+loop's lateness (how much later than their duration the live steps ended). The live run takes the workload's span in
+wall time. A GPU run compares the agent with plain ``vllm serve`` (``docs/vllm.md``); this isolates the part of that
+difference that is the runtime's, on any machine. Prints markdown; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from agent.bench.runner import BenchConfig, build_node, build_units, split_params
+from agent.engine.base import RequestOutcome
+from agent.engine.profiles import load_profile
+from agent.engine.sim import SimUnit
+from agent.engine.sim_live import SimLiveUnit
+from agent.runtime.vllm.cluster import VllmCluster
+from agent.runtime.vllm.live import LiveVllmNode
+from agent.telemetry import DEFAULT_TPOT_METRIC
+from agent.workload.spec import parse_workload
+from agent.workload.traces import load_trace
+from agent.workload.types import RequestSpec
+from policies.registry import make_batch_policy, make_dispatch_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_sim(config: BenchConfig, work: Sequence[RequestSpec]) -> tuple[list[RequestOutcome], int, float]:
+    profile = load_profile(config.profile)
+    batch, dispatch = split_params(config.params, config.batch_policy, config.dispatch)
+    outcomes: list[RequestOutcome] = []
+    t0 = time.perf_counter()
+    node = build_node(config, profile, work, batch, dispatch, on_finish=outcomes.append)
+    node.run()
+    steps = sum(u.num_steps for u in node.units)  # type: ignore[attr-defined]
+    return outcomes, steps, time.perf_counter() - t0
+
+
+def run_live(config: BenchConfig, work: Sequence[RequestSpec]) -> tuple[list[RequestOutcome], int, float, float, float]:
+    profile = load_profile(config.profile)
+    batch, dispatch = split_params(config.params, config.batch_policy, config.dispatch)
+
+    def maker(k: int) -> SimUnit:
+        return build_units(config, profile, batch)[k]
+
+    async def main() -> tuple[list[RequestOutcome], int, float, float, float]:
+        units = [SimLiveUnit(lambda k=k: maker(k)) for k in range(config.units)]  # type: ignore[misc]
+        for u in units:
+            u.start()
+        cluster = VllmCluster(units, make_dispatch_policy(config.dispatch, dispatch),
+                              ttft_slo_s=config.ttft_slo_ms / 1e3, tpot_slo_s=config.tpot_slo_ms / 1e3,
+                              pending_timeout_s=None)
+        node = LiveVllmNode(cluster, [make_batch_policy(config.batch_policy, batch) for _ in units], requests=work)
+        outcomes: list[RequestOutcome] = []
+        node.on_finish = outcomes.append
+        done = asyncio.Event()
+        t0 = time.perf_counter()
+        serving = asyncio.get_running_loop().create_task(node.serve(done))
+        await done.wait()
+        wall = time.perf_counter() - t0
+        serving.cancel()
+        await node.close()
+        for u in units:
+            await u.stop()
+        steps = sum(u.num_steps for u in units)
+        late = sum(u.late_s for u in units) / max(1, steps)
+        return outcomes, steps, wall, late, max(u.max_late_s for u in units)
+
+    return asyncio.run(main())
+
+
+def stats(outcomes: Sequence[RequestOutcome]) -> dict[str, float]:
+    def pct(values: list[float], q: float) -> float:
+        return float(np.percentile(values, q)) * 1e3 if values else float("nan")
+
+    ttft = [o.ttft_s for o in outcomes]
+    tpot = [t for o in outcomes if (t := o.tpot_by(DEFAULT_TPOT_METRIC)) is not None]
+    e2e = [o.finish_s - o.arrival_s for o in outcomes]
+    out = {f"{name} p{q}": pct(v, q) for name, v in (("TTFT", ttft), ("TPOT", tpot), ("E2E", e2e))
+           for q in (50, 90, 99)}
+    out["SLO met %"] = 100 * sum(o.meets_slo(DEFAULT_TPOT_METRIC) for o in outcomes) / max(1, len(outcomes))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="poisson:n=1200,rate=20", help="synthetic workload (default %(default)s)")
+    ap.add_argument("--trace", type=Path, help="a trace file instead (Azure CSV or trackside JSONL)")
+    ap.add_argument("--limit", type=int, default=None, help="--trace: its first N requests")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="--trace: arrival times multiplied by this")
+    ap.add_argument("--units", type=int, default=4)
+    ap.add_argument("--batch-policy", default="vllm")
+    ap.add_argument("--dispatch", default="least_loaded")
+    ap.add_argument("--profile", default="h100-llama31-8b")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.trace is not None:
+        work = load_trace(args.trace, time_scale=args.time_scale, limit=args.limit)
+    else:
+        work = parse_workload(args.workload, seed=args.seed)
+    first = min(r.arrival_s for r in work)
+    work = sorted((replace(r, arrival_s=r.arrival_s - first) for r in work), key=lambda r: r.arrival_s)
+    config = BenchConfig(profile=args.profile, units=args.units, batch_policy=args.batch_policy,
+                         dispatch=args.dispatch, seed=args.seed)
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    span = work[-1].arrival_s
+    print(f"{len(work)} requests over {span:.1f} s; {args.units} units, {args.batch_policy} + {args.dispatch}, "
+          f"profile {args.profile}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, "
+          f"tree {rev.strip()}")
+    sim, sim_steps, sim_wall = run_sim(config, work)
+    live, live_steps, live_wall, late, max_late = run_live(config, work)
+    a, b = stats(sim), stats(live)
+    print()
+    print("| | sim (simulated time) | live (wall time) | live / sim |")
+    print("|---|---|---|---|")
+    for key in a:
+        unit = "" if key.endswith("%") else " ms"
+        ratio = b[key] / a[key] if a[key] else float("nan")
+        print(f"| {key} | {a[key]:.1f}{unit} | {b[key]:.1f}{unit} | {ratio:.3f} |")
+    print(f"| finished | {len(sim)} | {len(live)} | |")
+    print(f"| unit-steps | {sim_steps} | {live_steps} | {live_steps / max(1, sim_steps):.3f} |")
+    print(f"| wall s | {sim_wall:.1f} | {live_wall:.1f} | |")
+    print()
+    print(f"live steps ended {1e3 * late:.3f} ms late on average (at most {1e3 * max_late:.1f} ms)")
+
+
+if __name__ == "__main__":
+    main()
