@@ -108,7 +108,8 @@ class SimLiveUnit:
             self._stepper = asyncio.get_running_loop().create_task(self._steps())
 
     async def stop(self) -> None:
-        """Stop stepping; requests still on the unit are left unanswered (the cluster aborts them first)."""
+        """Stop stepping for good (:meth:`restart` starts afresh); requests still on the unit are left unanswered (the
+        cluster aborts them first)."""
         self._started = False
         if self._stepper is not None:
             self._stepper.cancel()
@@ -126,6 +127,7 @@ class SimLiveUnit:
         self.failure = None
         self.paused = False
         self.last_preempted = ()
+        self._prompt_since_step = 0
         self.start()
 
     def kill(self, reason: str = "engine killed") -> None:

@@ -448,14 +448,14 @@ class LiveVllmNode:
         if unit.takes_control:  # the fresh engine starts with the launch policy: give it the current one
             served = self.units[index]
             served.set_policy(served.policy)
-        how = f"restarted (attempt {num_attempts}), engine core pid {unit.engine_pid}"
+        how = f"restarted (attempt {num_attempts}){_pid(unit)}"
         log.warning("unit %s %s", unit.unit_id, how)
         if self.on_recover is not None:
             self.on_recover(unit.unit_id, how)
 
     def unit_recovered(self, unit: LiveEngine) -> None:
         self.unit_modes[self.unit_index(unit.unit_id)] = "active"
-        how = f"recovered on request, engine core pid {unit.engine_pid}"
+        how = f"recovered on request{_pid(unit)}"
         log.warning("unit %s %s", unit.unit_id, how)
         if self.on_recover is not None:
             self.on_recover(unit.unit_id, how)
@@ -469,3 +469,9 @@ class LiveVllmNode:
             now = self.now_s
             self.on_migrate(MigrationRecord(stream.request_id, source_unit, target_unit, reason, "recompute", now, now,
                                             0))
+
+
+def _pid(unit: LiveEngine) -> str:
+    """``, engine core pid P`` for an engine in a process of its own; nothing for one without."""
+    pid = unit.engine_pid
+    return "" if pid is None else f", engine core pid {pid}"
