@@ -28,8 +28,8 @@ import asyncio
 import platform
 import subprocess
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,21 @@ from policies.registry import make_batch_policy, make_dispatch_policy
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_sim(config: BenchConfig, work: Sequence[RequestSpec]) -> tuple[list[RequestOutcome], int, float]:
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One replay: what finished, and what it cost."""
+
+    outcomes: list[RequestOutcome]
+    unit_steps: int
+    wall_s: float
+    refused: int
+    """Refused by a unit's admission control (FairBatching+PAB's budget) at dispatch."""
+    late_s: float = 0.0
+    """Live: the mean delay between a step's end and the event loop getting to its outputs."""
+    max_late_s: float = 0.0
+
+
+def run_sim(config: BenchConfig, work: Sequence[RequestSpec]) -> Run:
     profile = load_profile(config.profile)
     batch, dispatch = split_params(config.params, config.batch_policy, config.dispatch)
     outcomes: list[RequestOutcome] = []
@@ -58,18 +72,18 @@ def run_sim(config: BenchConfig, work: Sequence[RequestSpec]) -> tuple[list[Requ
     node = build_node(config, profile, work, batch, dispatch, on_finish=outcomes.append)
     node.run()
     steps = sum(u.num_steps for u in node.units)  # type: ignore[attr-defined]
-    return outcomes, steps, time.perf_counter() - t0
+    return Run(outcomes, steps, time.perf_counter() - t0, node.num_refused)
 
 
-def run_live(config: BenchConfig, work: Sequence[RequestSpec]) -> tuple[list[RequestOutcome], int, float, float, float]:
+def run_live(config: BenchConfig, work: Sequence[RequestSpec]) -> Run:
     profile = load_profile(config.profile)
     batch, dispatch = split_params(config.params, config.batch_policy, config.dispatch)
 
-    def maker(k: int) -> SimUnit:
-        return build_units(config, profile, batch)[k]
+    def maker(k: int) -> Callable[[], SimUnit]:
+        return lambda: build_units(config, profile, batch)[k]
 
-    async def main() -> tuple[list[RequestOutcome], int, float, float, float]:
-        units = [SimLiveUnit(lambda k=k: maker(k)) for k in range(config.units)]  # type: ignore[misc]
+    async def main() -> Run:
+        units = [SimLiveUnit(maker(k)) for k in range(config.units)]
         for u in units:
             u.start()
         cluster = VllmCluster(units, make_dispatch_policy(config.dispatch, dispatch),
@@ -88,8 +102,8 @@ def run_live(config: BenchConfig, work: Sequence[RequestSpec]) -> tuple[list[Req
         for u in units:
             await u.stop()
         steps = sum(u.num_steps for u in units)
-        late = sum(u.late_s for u in units) / max(1, steps)
-        return outcomes, steps, wall, late, max(u.max_late_s for u in units)
+        return Run(outcomes, steps, wall, cluster.num_refused, sum(u.late_s for u in units) / max(1, steps),
+                   max(u.max_late_s for u in units))
 
     return asyncio.run(main())
 
@@ -117,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--batch-policy", default="vllm")
     ap.add_argument("--dispatch", default="least_loaded")
     ap.add_argument("--profile", default="h100-llama31-8b")
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="policy parameter (repeatable; POLICY.NAME=VALUE targets one policy)")
+    ap.add_argument("--slo-ttft-ms", type=float, default=500.0)
+    ap.add_argument("--slo-tpot-ms", type=float, default=50.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.trace is not None:
@@ -125,16 +143,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         work = parse_workload(args.workload, seed=args.seed)
     first = min(r.arrival_s for r in work)
     work = sorted((replace(r, arrival_s=r.arrival_s - first) for r in work), key=lambda r: r.arrival_s)
+    params = dict(p.split("=", 1) for p in args.param)
     config = BenchConfig(profile=args.profile, units=args.units, batch_policy=args.batch_policy,
-                         dispatch=args.dispatch, seed=args.seed)
+                         dispatch=args.dispatch, params=params, ttft_slo_ms=args.slo_ttft_ms,
+                         tpot_slo_ms=args.slo_tpot_ms, seed=args.seed)
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     span = work[-1].arrival_s
     print(f"{len(work)} requests over {span:.1f} s; {args.units} units, {args.batch_policy} + {args.dispatch}, "
+          f"SLOs {args.slo_ttft_ms:g}/{args.slo_tpot_ms:g} ms, "
           f"profile {args.profile}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, "
           f"tree {rev.strip()}")
-    sim, sim_steps, sim_wall = run_sim(config, work)
-    live, live_steps, live_wall, late, max_late = run_live(config, work)
-    a, b = stats(sim), stats(live)
+    sim = run_sim(config, work)
+    live = run_live(config, work)
+    a, b = stats(sim.outcomes), stats(live.outcomes)
     print()
     print("| | sim (simulated time) | live (wall time) | live / sim |")
     print("|---|---|---|---|")
@@ -142,12 +163,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         unit = "" if key.endswith("%") else " ms"
         ratio = b[key] / a[key] if a[key] else float("nan")
         print(f"| {key} | {a[key]:.1f}{unit} | {b[key]:.1f}{unit} | {ratio:.3f} |")
-    print(f"| finished | {len(sim)} | {len(live)} | |")
-    print(f"| unit-steps | {sim_steps} | {live_steps} | {live_steps / max(1, sim_steps):.3f} |")
-    print(f"| wall s | {sim_wall:.1f} | {live_wall:.1f} | |")
+    print(f"| finished | {len(sim.outcomes)} | {len(live.outcomes)} | |")
+    print(f"| refused at dispatch | {sim.refused} | {live.refused} | |")
+    print(f"| unit-steps | {sim.unit_steps} | {live.unit_steps} | {live.unit_steps / max(1, sim.unit_steps):.3f} |")
+    print(f"| wall s | {sim.wall_s:.1f} | {live.wall_s:.1f} | |")
     print()
-    print(f"live steps ended {1e3 * late:.3f} ms late on average (at most {1e3 * max_late:.1f} ms)")
-
+    print(f"live: the event loop got to a step's outputs {1e3 * live.late_s:.3f} ms after it ended on average "
+          f"(at most {1e3 * live.max_late_s:.1f} ms); {live.unit_steps / live.wall_s:,.0f} unit-steps per second")
 
 if __name__ == "__main__":
     main()
