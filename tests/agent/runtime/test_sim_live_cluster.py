@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import ClassVar
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
+from builders import MoveOne
 from node_builders import H100_LIKE, make_unit
 
 from agent.engine.base import RequestOutcome, StepRecord
@@ -28,10 +28,8 @@ from agent.runtime.vllm.requests import (
     RequestStream,
 )
 from agent.workload.types import RequestSpec
-from policies.base import DispatchPolicy
 from policies.cost.step_model import StepCoefficients
 from policies.registry import BATCH_POLICIES, make_dispatch_policy
-from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
 
 FAST = StepCoefficients(2e-3, 1e-6, 0.0)
 """2 ms a step plus 1 us a token: a 200-token prompt's prefill and a few dozen decodes take a fraction of a second."""
@@ -94,31 +92,6 @@ def test_requests_stream_every_token_and_finish_with_their_outcomes() -> None:
     run(main)
 
 
-class MoveOne(DispatchPolicy):
-    """Everything on unit 0; once ``victim`` has ``after`` output tokens there, move it to unit 1 (once)."""
-
-    name: ClassVar[str] = "move_one"
-    wants_step_reports: ClassVar[bool] = True
-    needs_requests: ClassVar[bool] = True
-    rebalances: ClassVar[bool] = True
-
-    def __init__(self, victim: str, after: int) -> None:
-        super().__init__()
-        self.victim = victim
-        self.after = after
-        self.moved = False
-
-    def dispatch(self, pending: Sequence[PendingRequest], units: Sequence[UnitLoad], now_s: float
-                 ) -> DispatchDecision:
-        moves: tuple[Migration, ...] = ()
-        if not self.moved:
-            for r in units[0].requests:
-                if r.request_id == self.victim and r.output_tokens >= self.after:
-                    self.moved = True
-                    moves = (Migration(r.request_id, 0, 1, "test"),)
-        return DispatchDecision(assignments=tuple((p.request_id, 0) for p in pending), migrations=moves)
-
-
 @pytest.mark.parametrize("after", [0, 10])
 def test_a_migration_by_recompute_keeps_the_stream_whole(after: int) -> None:
     async def main() -> None:
@@ -134,7 +107,7 @@ def test_a_migration_by_recompute_keeps_the_stream_whole(after: int) -> None:
             stream = cluster.submit(ClusterRequest("m", prompt(200), 40))
             tokens = await drain(stream)
             outcome = await stream.wait()
-        assert policy.moved
+        assert policy.asked
         assert tokens == [token_id(j) for j in range(40)]  # no gap, no repeat: ids follow the token's index
         assert outcome.unit_id == 1 and outcome.output_tokens == 40 and outcome.prompt_tokens == 200
         assert stream.num_migrations == 1 and [(m.from_unit_id, m.unit_id) for m in moves] == [(0, 1)]

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
-from typing import ClassVar
 
 import pytest
 
 pytest.importorskip("vllm")
+
+from builders import MoveOne
 
 from agent.bench.vllm_runner import run_workload
 from agent.engine.live import LiveRequest
@@ -29,10 +29,8 @@ from agent.runtime.vllm.requests import ClusterRequest
 from agent.service.hub import Hub
 from agent.telemetry import RequestFinished, RequestMigrated, StageBoundaries
 from agent.workload.types import RequestSpec
-from policies.base import DispatchPolicy
 from policies.dispatch.cascade import CascadeInfer
 from policies.registry import BATCH_POLICIES
-from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
 
 pytestmark = pytest.mark.vllm
 
@@ -41,33 +39,6 @@ def _unit(unit_id: int, *, async_scheduling: bool = False) -> VllmUnit:
     config = cpu_vllm_config(async_scheduling=async_scheduling, num_blocks=400, step_model=(0.002, 2e-6, 1e-8))
     return VllmUnit(unit_id, EngineOptions(model="tiny", max_num_batched_tokens=512, max_num_seqs=32),
                     UnitSettings(policy="vllm"), vllm_config=config, executor_class=FakeExecutor)
-
-
-class MoveOne(DispatchPolicy):
-    """Everything on unit 0; once ``victim`` has ``after`` output tokens there, move it to unit 1 (once)."""
-
-    name: ClassVar[str] = "move_one"
-    wants_step_reports: ClassVar[bool] = True
-    needs_requests: ClassVar[bool] = True
-    rebalances: ClassVar[bool] = True
-
-    def __init__(self, victim: str, after: int) -> None:
-        super().__init__()
-        self.victim = victim
-        self.after = after
-        self.asked = False
-        self.seen: list[UnitLoad] = []
-
-    def dispatch(self, pending: Sequence[PendingRequest], units: Sequence[UnitLoad], now_s: float
-                 ) -> DispatchDecision:
-        moves: tuple[Migration, ...] = ()
-        if not self.asked:
-            for r in units[0].requests:
-                if r.request_id == self.victim and r.output_tokens >= self.after:
-                    self.seen = list(units)
-                    self.asked = True
-                    moves = (Migration(r.request_id, 0, 1, "test"),)
-        return DispatchDecision(assignments=tuple((p.request_id, 0) for p in pending), migrations=moves)
 
 
 @pytest.mark.parametrize(("async_scheduling", "after"), [(False, 20), (True, 20), (False, 0)])
