@@ -57,6 +57,8 @@ from policies.types import UnitLoad
 
 VOCAB = 32_000
 """Made-up token ids are below this."""
+WAKE_EARLY_S = 0.001
+"""How early the unit wakes before a step's end (see ``SimLiveUnit._steps``)."""
 
 
 def token_id(index: int) -> int:
@@ -89,6 +91,8 @@ class SimLiveUnit:
         self.late_s = 0.0
         """How much later than its step ended the event loop got to each step's outputs, in all."""
         self.max_late_s = 0.0
+        self.lateness: list[float] | None = None
+        """Set to a list to collect each step's delay (``late_s``'s terms; benchmarks)."""
         self._started = False
         self._stepper: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -268,12 +272,17 @@ class SimLiveUnit:
                 ended = None
                 continue
             ended = start + duration
-            await asyncio.sleep(max(0.0, ended - self._clock()))
-            now = self._clock()
+            # Woken up to a millisecond early (an epoll wait is rounded up to whole milliseconds, which would make every
+            # step's outputs late by up to that), the outputs count from the step's end or from when the loop got to
+            # them, whichever is later: what is left is the loop's own delay, as when a vLLM unit's outputs arrive.
+            await asyncio.sleep(max(0.0, ended - self._clock() - WAKE_EARLY_S))
+            now = max(self._clock(), ended)
             late = now - ended
             self.late_s += late
             if late > self.max_late_s:
                 self.max_late_s = late
+            if self.lateness is not None:
+                self.lateness.append(late)
             self._after(sim.end_step(ended), before, now)
 
     def _after(self, result: StepResult, before: dict[str, int], now: float) -> None:
