@@ -87,7 +87,7 @@ class SimLiveUnit:
         self.paused = False
         self.last_preempted: tuple[str, ...] = ()
         self.num_steps = 0
-        """Steps run, over restarts."""
+        """Steps run, over restarts (the step records' ids go on across a restart, as a vLLM unit's do)."""
         self.late_s = 0.0
         """How much later than its step ended the event loop got to each step's outputs, in all."""
         self.max_late_s = 0.0
@@ -103,6 +103,8 @@ class SimLiveUnit:
         self._replies: dict[str, ControlReply] = {}
         self._prompt_since_step = 0
         """Prompt tokens submitted since the last step ended (what the policy's admission budget has not seen)."""
+        self._step_base = 0
+        """Added to the unit's step ids: the steps its earlier units made (its records' ids stay unique)."""
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -132,6 +134,7 @@ class SimLiveUnit:
         self.paused = False
         self.last_preempted = ()
         self._prompt_since_step = 0
+        self._step_base = self.num_steps  # the fresh unit counts its steps from 0
         self.start()
 
     def kill(self, reason: str = "engine killed") -> None:
@@ -325,7 +328,10 @@ class SimLiveUnit:
                 if self.on_finish is not None:
                     self.on_finish(self.unit_id, outcome)
         if self.on_step is not None:
-            self.on_step(self.unit_id, result.record)
+            record = result.record
+            if self._step_base:
+                record = msgspec.structs.replace(record, step_id=record.step_id + self._step_base)
+            self.on_step(self.unit_id, record)
 
     # -- load -------------------------------------------------------------------------------------
     def load(self, healthy: bool = True, with_requests: bool = False) -> UnitLoad:
