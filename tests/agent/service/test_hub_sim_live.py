@@ -16,6 +16,7 @@ from agent.runtime.vllm.live import LiveVllmNode
 from agent.service.hub import Hub
 from agent.telemetry import (
     Alert,
+    ControlAudit,
     RequestArrived,
     RequestDispatched,
     RequestFinished,
@@ -23,11 +24,13 @@ from agent.telemetry import (
     RequestMigrated,
     StepEvent,
 )
+from agent.telemetry.commands import ErrorReply, OkReply, SetBatchPolicy, SetParams
 from agent.workload.types import RequestSpec
 from policies.cost.step_model import StepCoefficients
 from policies.registry import BATCH_POLICIES, make_dispatch_policy
 
 FAST = StepCoefficients(2e-3, 1e-6, 0.0)
+TOKEN = "t0ken"
 
 
 def maker(unit_id: int) -> Callable[[], SimUnit]:
@@ -76,5 +79,33 @@ def test_the_stream_of_a_live_node_through_an_engine_death_and_restart() -> None
             steps = [e.step_id for e in events if isinstance(e, StepEvent) and e.unit_id == uid]
             assert steps and steps == sorted(steps)
         assert [e.seq for e in events] == sorted(e.seq for e in events)
+
+    asyncio.run(main())
+
+
+def test_control_changes_through_the_hub_reach_the_engines() -> None:
+    """The control plane's changes go to each engine as control messages (what a vLLM unit's engine core gets), and
+    the hub settles them before it answers; a bad value is refused before it reaches them."""
+    async def main() -> None:
+        units = [SimLiveUnit(maker(i)) for i in range(2)]
+        for u in units:
+            u.start()
+        cluster = VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1)
+        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
+        hub = Hub(node, node_id="sim-live", profile="test", token=TOKEN)
+        hub.attach()
+        async with cluster:
+            swap = await hub.handle_async(SetBatchPolicy(policy="sarathi", params={"token_budget": 512}, unit_ids=(1,),
+                                                         token=TOKEN, control_id="a"), who="op")
+            assert isinstance(swap, OkReply) and isinstance(swap.payload, ControlAudit)
+            assert [u.sim.policy.name for u in units] == ["vllm", "sarathi"]
+            assert units[1].sim.policy.params["token_budget"] == 512
+            tune = await hub.handle_async(SetParams(target="batch", params={"token_budget": 1024}, unit_ids=(1,),
+                                                    token=TOKEN, control_id="b"), who="op")
+            assert isinstance(tune, OkReply) and units[1].sim.policy.params["token_budget"] == 1024
+            bad = await hub.handle_async(SetParams(target="batch", params={"token_budget": -1}, unit_ids=(1,),
+                                                   token=TOKEN, control_id="c"), who="op")
+            assert isinstance(bad, ErrorReply) and units[1].sim.policy.params["token_budget"] == 1024
+            assert [s.batch_policy for s in hub.status().units] == ["vllm", "sarathi"]
 
     asyncio.run(main())
