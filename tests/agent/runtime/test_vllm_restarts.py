@@ -1,4 +1,4 @@
-"""Restarting failed vLLM units (agent/runtime/vllm/restarts.py): a backoff that gives up."""
+"""Restarting failed live units (agent/runtime/vllm/restarts.py): a backoff that gives up. Needs no vLLM."""
 
 from __future__ import annotations
 
@@ -7,11 +7,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
-
 from agent.runtime.vllm.restarts import Restarts, backoff
-
-pytestmark = pytest.mark.vllm
 
 
 class Unit:
