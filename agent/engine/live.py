@@ -77,6 +77,18 @@ class LiveRequest:
     finish_s: float | None = None
     """When its last token so far came out."""
 
+    @classmethod
+    def submitted(cls, prompt_token_ids: list[int], max_tokens: int, now_s: float, *, arrival_s: float,
+                  ttft_slo_s: float, tpot_slo_s: float, sampling: Sampling | None = None,
+                  on_output: Callable[[TokenDelta], None] | None = None, prompt_tokens: int | None = None,
+                  prior_outputs: int = 0, first_token_s: float | None = None, params: Any = None,
+                  max_tpot_s: float | None = None) -> LiveRequest:
+        """The record of a request submitted at ``now_s`` with :meth:`LiveEngine.submit`'s arguments (one migrated
+        here by recompute gives ``prompt_tokens``: it is ``migrating`` until its first token here)."""
+        return cls(arrival_s, prompt_tokens if prompt_tokens is not None else len(prompt_token_ids), max_tokens,
+                   ttft_slo_s, tpot_slo_s, now_s, sampling, on_output, first_token_s, prior_outputs, prior_outputs,
+                   prompt_tokens is not None, params, max_tpot_s)
+
     def took(self, n: int, t: float) -> bool:
         """``n`` (>= 1) output tokens came out together at ``t``: count them and track the worst per-token TPOT
         (:mod:`agent.engine.vllm.unit`'s docstring, "TPOT": the delta's first token is its worst). True when they

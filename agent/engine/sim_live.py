@@ -205,10 +205,10 @@ class SimLiveUnit:
         """Start a request (:meth:`~agent.engine.live.LiveEngine.submit`); a prompt the unit cannot hold fails the
         task with ``ValueError``."""
         loop = asyncio.get_running_loop()
-        live = self.live[request_id] = LiveRequest(
-            arrival_s, prompt_tokens if prompt_tokens is not None else len(prompt_token_ids), max_tokens,
-            ttft_slo_s, tpot_slo_s, self._clock(), sampling, on_output, first_token_s, prior_outputs, prior_outputs,
-            prompt_tokens is not None, params, max_tpot_s,
+        live = self.live[request_id] = LiveRequest.submitted(
+            prompt_token_ids, max_tokens, self._clock(), arrival_s=arrival_s, ttft_slo_s=ttft_slo_s,
+            tpot_slo_s=tpot_slo_s, sampling=sampling, on_output=on_output, prompt_tokens=prompt_tokens,
+            prior_outputs=prior_outputs, first_token_s=first_token_s, params=params, max_tpot_s=max_tpot_s,
         )
         fut: asyncio.Future[RequestOutcome] = loop.create_future()
         self._done[request_id] = fut

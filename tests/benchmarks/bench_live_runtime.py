@@ -78,8 +78,15 @@ def run_live(config: BenchConfig, work: Sequence[RequestSpec]) -> Run:
     profile = load_profile(config.profile)
     batch, dispatch = split_params(config.params, config.batch_policy, config.dispatch)
 
+    built: list[SimUnit | None] = list(build_units(config, profile, batch))
+
     def maker(k: int) -> Callable[[], SimUnit]:
-        return lambda: build_units(config, profile, batch)[k]
+        """Unit ``k`` as built above at first; a fresh one for a restart (none happens here)."""
+        def make() -> SimUnit:
+            unit, built[k] = built[k], None
+            return unit if unit is not None else build_units(config, profile, batch)[k]
+
+        return make
 
     async def main() -> Run:
         units = [SimLiveUnit(maker(k)) for k in range(config.units)]

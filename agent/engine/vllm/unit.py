@@ -448,12 +448,10 @@ class VllmUnit:
         ``params``: a front end's ``vllm.SamplingParams`` (text, stop strings, logprobs...), used instead of
         ``sampling`` (see :func:`resumed_params`); each delta then carries the engine's ``RequestOutput``.
         """
-        now = time.time()
-        resumed = prompt_tokens is not None
-        live = self.live[request_id] = LiveRequest(
-            arrival_s, prompt_tokens if prompt_tokens is not None else len(prompt_token_ids), max_tokens,
-            ttft_slo_s, tpot_slo_s, now, sampling, on_output, first_token_s, prior_outputs, prior_outputs, resumed,
-            params, max_tpot_s,
+        live = self.live[request_id] = LiveRequest.submitted(
+            prompt_token_ids, max_tokens, time.time(), arrival_s=arrival_s, ttft_slo_s=ttft_slo_s,
+            tpot_slo_s=tpot_slo_s, sampling=sampling, on_output=on_output, prompt_tokens=prompt_tokens,
+            prior_outputs=prior_outputs, first_token_s=first_token_s, params=params, max_tpot_s=max_tpot_s,
         )
         self.submitted_prompt_since_record += len(prompt_token_ids)
         task = asyncio.get_running_loop().create_task(self._run(request_id, prompt_token_ids))
