@@ -7,11 +7,11 @@ process. :meth:`VllmUnit.load` turns the last record plus what the front end kno
 not finished) into the :class:`~policies.types.UnitLoad` a dispatcher sees.
 
 **TPOT.** A request's worst per-token TPOT (``RequestOutcome.max_tpot_s``) is tracked as its outputs arrive: each
-token counts at the time the front end received it, as a client would see it. A delta that carries several tokens
-(vLLM's output handler coalesces them when the front end falls behind; no speculative decoding here) counts all of
-them at the delta's time, so its first token, the one that waited longest since the first token of the request, is
-its worst: ``(t - first) / (outputs before the delta)``; spreading the delta's gap over its tokens would hide a
-stall the client saw.
+token counts at the time vLLM's output handler in the front end hands it over (:meth:`VllmUnit._output`, called
+in the handler's own task, no task switch later). A delta that carries several tokens (speculative decoding; none
+here) counts all of them at the delta's time, so its first token, the one that waited longest since the first
+token of the request, is its worst: ``(t - first) / (outputs before the delta)``; spreading the delta's gap over
+its tokens would hide a stall.
 
 ``plain=True`` runs vLLM's own scheduler untouched (the baseline of the validation); it has no step records.
 
@@ -471,6 +471,12 @@ class VllmUnit:
             raise EngineFailed(self.unit_id, self.failure or str(exc)) from None
 
     async def _generate(self, request_id: str, prompt_token_ids: list[int]) -> RequestOutcome:
+        """Run the request to its end. vLLM's output handler hands each of its outputs to :meth:`_output` as it
+        puts it in the request's collector (the collector's ``put`` is replaced), so a token reaches the stream in
+        the output handler's own task: one task switch per request and step fewer than reading ``generate()``,
+        which wakes a reader task for every output (the front end's CPU per output token fell 7% with it on a 2-core
+        VM: docs/vllm.md, "The front end per token"). What happens on a cancel or an error is
+        ``generate()``'s: the request is aborted in the engine, and the engine's death raises ``EngineDeadError``."""
         from vllm import TokensPrompt
 
         live = self.live[request_id]
@@ -479,19 +485,29 @@ class VllmUnit:
             params = resumed_params(live.params, live.max_tokens, live.prior_outputs, slos)
         else:
             params = sampling_params(live.max_tokens, live.sampling, slos)
+        llm = self.llm
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue: Any = None
         try:
-            # Read to the end: leaving generate() early (break) makes vLLM abort the finished request.
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
-                first = out.outputs[0] if out.outputs else None
-                n = len(first.token_ids) if first is not None else 0
-                if n and live.took(n, time.time()) and self.on_first_token is not None:
-                    self.on_first_token(self.unit_id, request_id)
-                on_output = live.on_output  # read each time: a migration detaches it
-                if on_output is not None and first is not None and (n or out.finished):
-                    on_output(TokenDelta(tuple(first.token_ids), first.text or "",
-                                         first.finish_reason if out.finished else None, first.stop_reason,
-                                         out if live.params is not None else None))
+            queue = await llm.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_token_ids), params)
+            queue.put = lambda out: self._output(request_id, live, done, out)
+            early = queue.get_nowait()  # an output put before the replacement (none seen: the engine had to step)
+            if early is not None:
+                self._output(request_id, live, done, early)
+            await done
+        except asyncio.CancelledError:
+            if queue is not None:
+                await llm.abort(queue.request_id, internal=True)
+            raise
+        except Exception as exc:
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            if queue is not None and not isinstance(exc, EngineDeadError):  # a dead engine has nothing to abort
+                await llm.abort(queue.request_id, internal=True)
+            raise
         finally:
+            if queue is not None:
+                queue.close()
             if self.live.get(request_id) is live:  # a request that migrated back here meanwhile is not ours
                 del self.live[request_id]
         outcome = live.outcome(request_id, self.unit_id, time.time())
@@ -499,6 +515,32 @@ class VllmUnit:
         if self.on_finish is not None:
             self.on_finish(self.unit_id, outcome)
         return outcome
+
+    def _output(self, request_id: str, live: LiveRequest, done: asyncio.Future[None], out: Any) -> None:
+        """One output of a request (or the exception that ends it), in vLLM's output handler: counted, handed to the
+        request's ``on_output``, and its end resolves ``done``. Nothing here may raise into vLLM's handler, which
+        serves every request: an error ends this request alone. Once ``done`` is resolved or cancelled (the task
+        was cancelled: a migration, an abort), later outputs are dropped, as a cancelled ``generate()`` reads none."""
+        if done.done():
+            return
+        if isinstance(out, BaseException):
+            done.set_exception(out)
+            return
+        try:
+            first = out.outputs[0] if out.outputs else None
+            n = len(first.token_ids) if first is not None else 0
+            if n and live.took(n, time.time()) and self.on_first_token is not None:
+                self.on_first_token(self.unit_id, request_id)
+            on_output = live.on_output  # read each time: a migration detaches it
+            if on_output is not None and first is not None and (n or out.finished):
+                on_output(TokenDelta(tuple(first.token_ids), first.text or "",
+                                     first.finish_reason if out.finished else None, first.stop_reason,
+                                     out if live.params is not None else None))
+        except Exception as exc:  # handed to the request's task, not to vLLM's output handler
+            done.set_exception(exc)
+            return
+        if out.finished:
+            done.set_result(None)
 
     # -- load -------------------------------------------------------------------------------------
     def requests(self) -> tuple[RunningRequest, ...]:

@@ -4,6 +4,7 @@ executor instead of a GPU. Telemetry and control cross the process boundary over
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -153,3 +154,40 @@ def test_the_fake_executor_runs_a_launched_step_while_the_caller_goes_on() -> No
         assert time.perf_counter() - t >= step_s and out.sampled_token_ids == [[7]]
     finally:
         executor.shutdown()
+
+
+def test_an_output_callback_that_raises_ends_its_request_alone() -> None:
+    """A unit hands each output to its request in vLLM's own output handler, which serves every request: an error
+    in one request's ``on_output`` must end that request (its task raises it, the engine aborts it) and leave the
+    others, the handler and the unit running."""
+    from agent.engine.vllm.sampling import TokenDelta
+
+    async def main() -> None:
+        unit = _unit(0, "vllm", async_scheduling=True)
+        unit.start()
+        try:
+            got: dict[str, int] = {}
+
+            def collect(rid: str, fail_at: int | None = None) -> Any:
+                def on_output(delta: TokenDelta) -> None:
+                    got[rid] = got.get(rid, 0) + len(delta.token_ids)
+                    if fail_at is not None and got[rid] >= fail_at:
+                        raise RuntimeError("a consumer broke")
+                return on_output
+
+            def submit(rid: str, fail_at: int | None = None) -> asyncio.Task[Any]:
+                return unit.submit(rid, list(range(1, 40)), 12, arrival_s=0.0, ttft_slo_s=1.0, tpot_slo_s=0.1,
+                                   on_output=collect(rid, fail_at))
+
+            tasks = [submit("ok-1"), submit("bad", fail_at=3), submit("ok-2")]
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert isinstance(results[1], RuntimeError)
+            assert [r.output_tokens for r in (results[0], results[2])] == [12, 12]
+            assert got["ok-1"] == got["ok-2"] == 12 and 3 <= got["bad"] < 12
+            assert not unit.failed and "bad" not in unit.live
+            after = await submit("after")
+            assert after.output_tokens == 12
+        finally:
+            await unit.stop()
+
+    asyncio.run(main())
