@@ -18,8 +18,14 @@ what saturates; 1,024 KV blocks as the agent's fake unit has, hence the small pr
 
 The sides alternate (plain, trackside, plain, ...) for ``--rounds`` rounds; the table has each run's output
 throughput and TTFT (the client's, and the server's own from its ``/metrics`` histogram: coarse buckets), the
+front end's CPU per output token (the server process's own CPU time over the run, its engine core apart), the
 medians and their ratio. The machine's other load moves both sides alike only roughly:
 read the ratio, and run it twice.
+
+``--against REV`` compares trackside with trackside instead: this tree's agent against REV's, checked out in a
+temporary git worktree (removed afterwards), both running their source (``TRACKSIDE_PURE=1``, as on the GPU
+machine), alternately. It is how a change to the front end's per-token path is measured (docs/vllm.md, "The front
+end per token").
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.bench.vllm_serve_compare import MODEL_NAME, Run, bench, python_module, start, stop, wait_healthy
+from agent.bench.vllm_serve_compare import MODEL_NAME, Run, metered, python_module, stop, wait_healthy
 
 
 def serve_plain(port: int, max_num_seqs: int, scheduler: str) -> None:
@@ -74,11 +82,26 @@ def main() -> int:
     ap.add_argument("--plain-scheduler", choices=("vllm", "trackside"), default="vllm",
                     help="the plain side's scheduler: vLLM's (what vllm serve runs) or ours with the vllm policy "
                          "(then the ratio is the front end's alone)")
+    ap.add_argument("--against", metavar="REV",
+                    help="trackside at this tree against trackside at REV (a git worktree), both from source")
     ap.add_argument("--serve-plain", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the plain server itself
     args = ap.parse_args()
     if args.serve_plain:
         serve_plain(args.serve_plain, args.concurrency, args.plain_scheduler)
         return 0
+    if args.against:
+        from bench_sim_speed import ROOT, describe_tree, worktree
+
+        with worktree(args.against) as other:
+            print(f"this tree: {describe_tree(ROOT)}\n{args.against}: {describe_tree(other)}")
+            return compare(args, {"this tree": ROOT, args.against: other})
+    return compare(args, None)
+
+
+def compare(args: argparse.Namespace, trees: dict[str, Path] | None) -> int:
+    """The rounds, sides alternating: plain and trackside, or (``trees``) trackside at each tree."""
+    import os
+
     from agent.engine.vllm.cpu import tiny_model_dir
 
     tokenizer = tiny_model_dir()
@@ -87,42 +110,54 @@ def main() -> int:
     token = out / "token"
     token.write_text("bench-intake-token-0123456789")
     token.chmod(0o600)
-    sides = {
-        "plain": [sys.executable, str(Path(__file__).resolve()), "--serve-plain", "8410",
-                  "--concurrency", str(args.concurrency), "--plain-scheduler", args.plain_scheduler],
-        "trackside": [*python_module("agent.cli"), "agent", "--engine", "vllm", "--fake-executor", "--units", "1",
-                      "--serve-openai", "127.0.0.1:8411", "--listen", "127.0.0.1:7711", "--token-file", str(token),
-                      "--served-model-name", MODEL_NAME, "--max-num-seqs", str(args.concurrency),
-                      "--max-num-batched-tokens", "2048"],
+    agent = [*python_module("agent.cli"), "agent", "--engine", "vllm", "--fake-executor", "--units", "1",
+             "--serve-openai", "127.0.0.1:8411", "--listen", "127.0.0.1:7711", "--token-file", str(token),
+             "--served-model-name", MODEL_NAME, "--max-num-seqs", str(args.concurrency),
+             "--max-num-batched-tokens", "2048"]
+    here = Path(__file__).resolve().parents[2]
+    sides: dict[str, tuple[list[str], Path, dict[str, str]]] = {
+        "plain": ([sys.executable, str(Path(__file__).resolve()), "--serve-plain", "8411",
+                   "--concurrency", str(args.concurrency), "--plain-scheduler", args.plain_scheduler], here, {}),
+        "trackside": (agent, here, {}),
+    } if trees is None else {
+        name: (agent, tree, {"PYTHONPATH": str(tree), "TRACKSIDE_PURE": "1"}) for name, tree in trees.items()
     }
-    ports = {"plain": 8410, "trackside": 8411}
-    results: dict[str, list[dict[str, float]]] = {"plain": [], "trackside": []}
+    results: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     for r in range(args.rounds):
-        for side, cmd in sides.items():
-            proc = start(cmd, out / f"server-{side}-{r}.log")
+        for side, (cmd, cwd, env) in sides.items():
+            label = side.replace(" ", "-")
+            with (out / f"server-{label}-{r}.log").open("ab") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
+                                        env={**os.environ, **env})
             try:
-                wait_healthy(f"http://127.0.0.1:{ports[side]}/health", proc, 300)
-                summary = bench(run, f"http://127.0.0.1:{ports[side]}", tokenizer, f"{side}-{r}",
-                                prompts=args.prompts, rate=args.rate, concurrency=args.concurrency,
-                                input_len=args.input_len, output_len=args.output_len)
+                wait_healthy("http://127.0.0.1:8411/health", proc, 300)
+                summary = metered(run, proc, "http://127.0.0.1:8411", tokenizer, f"{label}-{r}",
+                                  prompts=args.prompts, rate=args.rate, concurrency=args.concurrency,
+                                  input_len=args.input_len, output_len=args.output_len)
             finally:
                 stop(proc)
             if summary.get("completed") != args.prompts:
                 raise SystemExit(f"{side} round {r}: {summary}")
             results[side].append(summary)
-    print(f"\n{'side':<10} {'round':>5} {'out tok/s':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} "
-          f"{'TPOT p50 ms':>12} {'server TTFT p50/p99 ms':>23}")
+    width = max(10, *map(len, sides))
+    print(f"\n{'side':<{width}} {'round':>5} {'out tok/s':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} "
+          f"{'TPOT p50 ms':>12} {'server TTFT p50/p99 ms':>23} {'front end us/token':>19}")
     for side, runs in results.items():
         for r, s in enumerate(runs):
             own = s.get("server_ttft_ms") or {}
-            print(f"{side:<10} {r:>5} {s['output_throughput']:>10.0f} {s['median_ttft_ms']:>12.1f} "
+            print(f"{side:<{width}} {r:>5} {s['output_throughput']:>10.0f} {s['median_ttft_ms']:>12.1f} "
                   f"{s['p99_ttft_ms']:>12.1f} {s['median_tpot_ms']:>12.2f} "
-                  f"{str(own.get('p50')) + ' / ' + str(own.get('p99')):>23}")
+                  f"{str(own.get('p50')) + ' / ' + str(own.get('p99')):>23} "
+                  f"{s['cpu'].get('server_us_per_output_token', float('nan')):>19.1f}")
+    first, second = sides
     med = {side: statistics.median(s["output_throughput"] for s in runs) for side, runs in results.items()}
-    print(f"\nmedian output tok/s: plain {med['plain']:.0f}, trackside {med['trackside']:.0f}, "
-          f"ratio {med['trackside'] / med['plain']:.3f}")
+    cpu = {side: statistics.median(s["cpu"].get("server_us_per_output_token", float("nan")) for s in runs)
+           for side, runs in results.items()}
+    print(f"\nmedian output tok/s: {first} {med[first]:.0f}, {second} {med[second]:.0f}, "
+          f"ratio {med[second] / med[first]:.3f}")
+    print(f"median front-end CPU per output token: {first} {cpu[first]:.1f} us, {second} {cpu[second]:.1f} us, "
+          f"ratio {cpu[second] / cpu[first]:.3f}")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
