@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -113,20 +112,49 @@ class _Clock:
         return self.now
 
 
+class _Collector:
+    """What vLLM's ``AsyncLLM.add_request`` returns: the request's output collector, whose ``put`` vLLM's output
+    handler calls with each output (the unit replaces it)."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.outputs: list[Any] = []
+
+    def put(self, output: Any) -> None:
+        self.outputs.append(output)
+
+    def get_nowait(self) -> Any:
+        return self.outputs.pop(0) if self.outputs else None
+
+    def close(self) -> None:
+        pass
+
+
 class _LLM:
-    """Yields one output per ``(delay_s, num_tokens)``, the clock moved on by the delay first."""
+    """Puts one output per ``(delay_s, num_tokens)`` into the request's collector, as vLLM's output handler does,
+    the clock moved on by the delay first."""
 
     def __init__(self, clock: _Clock, deltas: list[tuple[float, int]]) -> None:
         self.clock = clock
         self.deltas = deltas
+        self.tasks: list[asyncio.Task[None]] = []
 
-    async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+    async def add_request(self, request_id: str, prompt: Any, params: Any) -> _Collector:
+        queue = _Collector(request_id)
+        self.tasks.append(asyncio.get_running_loop().create_task(self._outputs(queue)))
+        return queue
+
+    async def _outputs(self, queue: _Collector) -> None:
         for i, (delay, n) in enumerate(self.deltas):
+            await asyncio.sleep(0)
             self.clock.now += delay
             done = i == len(self.deltas) - 1
             out = SimpleNamespace(token_ids=[7] * n, text="", finish_reason="length" if done else None,
                                   stop_reason=None)
-            yield SimpleNamespace(outputs=[out], finished=done)
+            queue.put(SimpleNamespace(outputs=[out], finished=done))
+
+    async def abort(self, request_id: str, internal: bool = False) -> None:
+        pass
 
     def shutdown(self) -> None:
         pass
