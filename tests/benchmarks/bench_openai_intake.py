@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -100,8 +101,6 @@ def main() -> int:
 
 def compare(args: argparse.Namespace, trees: dict[str, Path] | None) -> int:
     """The rounds, sides alternating: plain and trackside, or (``trees``) trackside at each tree."""
-    import os
-
     from agent.engine.vllm.cpu import tiny_model_dir
 
     tokenizer = tiny_model_dir()

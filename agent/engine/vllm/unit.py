@@ -474,7 +474,7 @@ class VllmUnit:
         """Run the request to its end. vLLM's output handler hands each of its outputs to :meth:`_output` as it
         puts it in the request's collector (the collector's ``put`` is replaced), so a token reaches the stream in
         the output handler's own task: one task switch per request and step fewer than reading ``generate()``,
-        which wakes a reader task for every output (the front end's CPU per output token fell 7% with it on a 2-core
+        which wakes a reader task for every output (the front end's CPU per output token fell 4-7% with it on a 2-core
         VM: docs/vllm.md, "The front end per token"). What happens on a cancel or an error is
         ``generate()``'s: the request is aborted in the engine, and the engine's death raises ``EngineDeadError``."""
         from vllm import TokensPrompt
