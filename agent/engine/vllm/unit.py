@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import os
 import shutil
@@ -490,7 +491,7 @@ class VllmUnit:
         queue: Any = None
         try:
             queue = await llm.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_token_ids), params)
-            queue.put = lambda out: self._output(request_id, live, done, out)
+            queue.put = functools.partial(self._output, request_id, live, done)  # no Python frame of its own
             early = queue.get_nowait()  # an output put before the replacement (none seen: the engine had to step)
             if early is not None:
                 self._output(request_id, live, done, early)
