@@ -18,7 +18,12 @@ One run, one model, one GPU, the same engine settings on both sides:
 
 Each bench run also records the CPU time its server used (``cpu``: the server process, the front end, and its
 descendants, the engine core among them, from ``/proc``; per output token), so that a gap in throughput can be put
-on the front end or on the engine side.
+on the front end or on the engine side; and, sampled every 0.1 s, the share of each of the bench's seconds that the
+server's main thread (both servers' event loop) and its descendants were busy (:mod:`agent.bench.proc_cpu`). A loop
+busy near 1.0 while the engine core idles is a front end that cannot keep up.
+
+``--rate-prompts 0`` leaves the Poisson run out; ``--trackside-first`` runs the agent's side before plain's, so that
+two calls in turn can undo an order effect (a warmer GPU, a filled compile cache).
 
 Both servers get the model folder with a tokenizer made here (:mod:`agent.engine.vllm.tiny_tokenizer`, filled to
 the model's vocabulary) when the folder has none, so text prompts work with dummy weights and no download.
@@ -43,6 +48,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from agent.bench.proc_cpu import CpuMeter
 
 MODEL_NAME = "model"
 SUMMARY_KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput",
@@ -155,60 +162,6 @@ def bench_cmd(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: in
     return cmd + (["--max-concurrency", str(concurrency)] if concurrency else [])
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, their children...), from ``/proc`` (Linux); [] elsewhere."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def cpu_s(pid: int) -> float | None:
-    """User plus system CPU seconds of one process so far (``/proc/PID/stat``); None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class CpuMeter:
-    """CPU seconds of a server process and of its descendants between :meth:`start` and :meth:`stop`."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.wall_s = time.monotonic()
-        self.own = cpu_s(pid) or 0.0
-        self.kids = {k: cpu_s(k) or 0.0 for k in descendants(pid)}
-
-    def stop(self, output_tokens: float | None, bench_s: float | None = None) -> dict[str, Any]:
-        """``server_s`` (the process itself: the front end), ``children_s`` (its descendants that lived through the
-        run: the engine core), each per output token in microseconds, and the share of the wall time.
-
-        The wall time includes the bench client's own start-up (seconds of importing vLLM while the server idles),
-        so ``server_busy`` understates how busy the server was under load; ``server_busy_in_bench`` divides by the
-        bench's measured duration instead (the idle seconds' CPU counted in: a slight overstatement)."""
-        wall = max(1e-9, time.monotonic() - self.wall_s)
-        own = (cpu_s(self.pid) or self.own) - self.own
-        kids = sum(max(0.0, (cpu_s(k) or v) - v) for k, v in self.kids.items())
-        out: dict[str, Any] = {"wall_s": round(wall, 2), "server_s": round(own, 2), "children_s": round(kids, 2),
-                               "server_busy": round(own / wall, 3)}
-        if bench_s:
-            out["server_busy_in_bench"] = round(own / bench_s, 3)
-            out["children_busy_in_bench"] = round(kids / bench_s, 3)
-        if output_tokens:
-            out["server_us_per_output_token"] = round(1e6 * own / output_tokens, 1)
-            out["children_us_per_output_token"] = round(1e6 * kids / output_tokens, 1)
-        return out
-
-
 def metered(run: Run, server: subprocess.Popen[bytes] | None, base_url: str, tokenizer: str, name: str,
             **kwargs: Any) -> dict[str, Any]:
     """:func:`bench`, with the ``server``'s CPU time over the run (``cpu``) when there is one."""
@@ -217,7 +170,8 @@ def metered(run: Run, server: subprocess.Popen[bytes] | None, base_url: str, tok
     if meter is not None:
         tokens = summary.get("output_throughput")
         duration = summary.get("duration")
-        summary["cpu"] = meter.stop(tokens * duration if tokens and duration else None, duration)
+        summary["cpu"] = meter.stop(tokens * duration if tokens and duration else None, duration,
+                                    summary.pop("ended", None))
         run.log(f"  {name}: cpu {summary['cpu']}")
     return summary
 
@@ -279,6 +233,8 @@ def bench(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: int, r
                            input_len=input_len, output_len=output_len), run.out / f"bench-{name}.log")
     proc.wait()
     summary = read_bench(run, name, proc.returncode)
+    with contextlib.suppress(OSError):  # the bench saved its result as it ended, before its exit: the closer end
+        summary["ended"] = time.monotonic() - (time.time() - (run.out / f"bench-{name}.json").stat().st_mtime)
     after = ttft_buckets(base_url)
     if after is not None:
         p50, p99 = (histogram_quantile(q, before or {}, after) for q in (0.5, 0.99))
@@ -367,6 +323,8 @@ def _side(run: Run, args: argparse.Namespace, label: str, proc: subprocess.Popen
                                             rate="inf", concurrency=args.concurrency, input_len=args.input_len,
                                             output_len=args.output_len)
     run.save()
+    if args.rate_prompts <= 0:
+        return True
     run.result[label]["poisson"] = metered(run, proc, base, tokenizer, f"{label}-poisson", prompts=args.rate_prompts,
                                            rate=str(args.rate), concurrency=None, input_len=args.input_len,
                                            output_len=args.output_len)
@@ -431,7 +389,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", type=int, default=600, help="saturating run: requests")
     ap.add_argument("--concurrency", type=int, default=256, help="saturating run: at most this many in flight")
     ap.add_argument("--rate", type=float, default=20.0, help="Poisson run: requests/s")
-    ap.add_argument("--rate-prompts", type=int, default=300)
+    ap.add_argument("--rate-prompts", type=int, default=300, help="Poisson run: requests (0: no Poisson run)")
     ap.add_argument("--kill-prompts", type=int, default=200)
     ap.add_argument("--kill-output-len", type=int, default=256)
     ap.add_argument("--kill-after", type=float, default=2.0,
@@ -441,6 +399,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--deadline-s", type=float, default=480.0, help="no kill test after this many seconds")
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--skip-kill", action="store_true")
+    ap.add_argument("--trackside-first", action="store_true",
+                    help="the agent's side before plain's (the kill test, if any, still comes last)")
     return ap
 
 
@@ -461,21 +421,20 @@ def main(argv: list[str] | None = None) -> int:
     run.result["gpu"] = nvidia_smi("name,memory.total,driver_version")  # not torch: no CUDA context here
     run.save()
     deadline = time.monotonic() + args.deadline_s
-    if not args.skip_plain:
-        # No vllm serve without a GPU: with --fake a second agent stands in for it.
-        plain = agent_cmd(args, model, 8100, token_file, 7701, "vllm") if args.fake else plain_cmd(args, model, 8100)
+    # No vllm serve without a GPU: with --fake a second agent stands in for it.
+    plain = agent_cmd(args, model, 8100, token_file, 7701, "vllm") if args.fake else plain_cmd(args, model, 8100)
+    if not args.skip_plain and not args.trackside_first:
         side(run, args, "plain", plain, 8100, tokenizer, keep=False)
     ours = agent_cmd(args, model, 8200, token_file, 7700, "vllm")
-    proc = side(run, args, "trackside", ours, 8200, tokenizer, keep=True)
-    if proc is None and "--gpus" in ours:  # placement is what is new on a GPU: try once without it
+    keep = not args.skip_kill
+    proc = side(run, args, "trackside", ours, 8200, tokenizer, keep=keep)
+    if "error" in run.result["trackside"] and "--gpus" in ours:  # placement is new on a GPU: once more without it
         no_gpus = without_flag(ours, "--gpus")
         run.result["trackside_with_gpus"] = run.result.pop("trackside")
-        proc = side(run, args, "trackside", no_gpus, 8200, tokenizer, keep=True)
+        proc = side(run, args, "trackside", no_gpus, 8200, tokenizer, keep=keep)
     if proc is not None:
         try:
-            if args.skip_kill:
-                pass
-            elif time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 run.result["kill"] = {"skipped": "out of time"}
             else:
                 kill_test(run, args, 8200, 7700, token_file, tokenizer)
@@ -483,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
             run.result["kill_error"] = repr(e)
         finally:
             stop(proc)
+            wait_gpu_free(run)
+    if not args.skip_plain and args.trackside_first:
+        side(run, args, "plain", plain, 8100, tokenizer, keep=False)
     plain, ours = run.result.get("plain", {}), run.result["trackside"]
     if "saturate" in plain and "output_throughput" in plain["saturate"] and "output_throughput" in ours["saturate"]:
         run.result["output_throughput_ratio"] = round(
