@@ -269,6 +269,7 @@ def agent_cmd(args: argparse.Namespace, model: str, port: int, token_file: Path,
     cmd = [*python_module("agent.cli"), "agent", "--engine", "vllm", "--units", "1", "--batch-policy", policy,
            "--dispatch", "least_loaded", "--serve-openai", f"127.0.0.1:{port}", "--listen", f"127.0.0.1:{listen}",
            "--token-file", str(token_file), "--pending-timeout-s", "600"]
+    cmd += args.agent_arg or []
     if args.fake:
         return [*cmd, "--fake-executor", "--served-model-name", MODEL_NAME, "--max-num-seqs",
                 str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
@@ -399,6 +400,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--deadline-s", type=float, default=480.0, help="no kill test after this many seconds")
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--skip-kill", action="store_true")
+    ap.add_argument("--agent-arg", action="append", metavar="ARG",
+                    help="one more argument for the agent's command (repeatable): --agent-arg=--uvloop")
     ap.add_argument("--trackside-first", action="store_true",
                     help="the agent's side before plain's (the kill test, if any, still comes last)")
     return ap

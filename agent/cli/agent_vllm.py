@@ -9,7 +9,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
              "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager", "gpus",
              "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "no_restart", "engine_hang_s",
-             "pending_timeout_s", "openai_arg", "restart_attempts")
+             "pending_timeout_s", "openai_arg", "restart_attempts", "uvloop")
 """Flags of ``--engine vllm`` only (a simulated agent refuses them)."""
 SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "instance_size": 0, "migration": "live",
             "speed": 1.0}
@@ -90,6 +90,9 @@ def add_vllm_options(agent: Any) -> None:
     v.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (starts faster, steps slower)")
     v.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM's async scheduling (default on)")
+    v.add_argument("--uvloop", action="store_true",
+                   help="run the agent's event loop on uvloop, as vllm serve runs its API server (default: asyncio's "
+                   "own loop; docs/vllm.md, \"The front end's event loop\")")
 
 
 def cmd_agent_vllm(args: argparse.Namespace) -> int:
@@ -196,9 +199,14 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
     if not token:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
     try:
-        return asyncio.run(run_agent(config, node_id=args.node_id, token=token, read_token=read_only, host=host,
-                                     port=port, tls=tls, replay_events=args.replay_events,
-                                     slack_sample_ms=args.slack_sample_ms, limits=limits))
+        runner: Callable[[Coroutine[Any, Any, int]], int] = asyncio.run
+        if args.uvloop:  # what vllm serve runs its API server on (vLLM's own dependency)
+            import uvloop
+
+            runner = uvloop.run
+        return runner(run_agent(config, node_id=args.node_id, token=token, read_token=read_only, host=host,
+                                port=port, tls=tls, replay_events=args.replay_events,
+                                slack_sample_ms=args.slack_sample_ms, limits=limits))
     except AgentStartError as exc:
         raise ServeError(str(exc)) from None
     except OSError as exc:  # a port is taken, an address is not ours

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from agent.bench.vllm_serve_compare import MODEL_NAME, Run, metered, python_module, stop, wait_healthy
 
 
-def serve_plain(port: int, max_num_seqs: int, scheduler: str) -> None:
+def serve_plain(port: int, max_num_seqs: int, scheduler: str, uvloop: bool = False) -> None:
     """vLLM's OpenAI app over one fake-executor ``AsyncLLM`` (vLLM's scheduler, or ours with the ``vllm``
     policy), until killed."""
     import uvicorn
@@ -69,7 +69,12 @@ def serve_plain(port: int, max_num_seqs: int, scheduler: str) -> None:
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         await server.serve()
 
-    asyncio.run(main())
+    if uvloop:  # as vllm serve runs its API server
+        import uvloop as loop
+
+        loop.run(main())
+    else:
+        asyncio.run(main())
 
 
 def main() -> int:
@@ -83,12 +88,14 @@ def main() -> int:
     ap.add_argument("--plain-scheduler", choices=("vllm", "trackside"), default="vllm",
                     help="the plain side's scheduler: vLLM's (what vllm serve runs) or ours with the vllm policy "
                          "(then the ratio is the front end's alone)")
+    ap.add_argument("--uvloop", action="store_true",
+                    help="both front ends on uvloop's event loop (vllm serve's; the agent's --uvloop), not asyncio's")
     ap.add_argument("--against", metavar="REV",
                     help="trackside at this tree against trackside at REV (a git worktree), both from source")
     ap.add_argument("--serve-plain", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the plain server itself
     args = ap.parse_args()
     if args.serve_plain:
-        serve_plain(args.serve_plain, args.concurrency, args.plain_scheduler)
+        serve_plain(args.serve_plain, args.concurrency, args.plain_scheduler, args.uvloop)
         return 0
     if args.against:
         from bench_sim_speed import ROOT, describe_tree, worktree
@@ -112,11 +119,12 @@ def compare(args: argparse.Namespace, trees: dict[str, Path] | None) -> int:
     agent = [*python_module("agent.cli"), "agent", "--engine", "vllm", "--fake-executor", "--units", "1",
              "--serve-openai", "127.0.0.1:8411", "--listen", "127.0.0.1:7711", "--token-file", str(token),
              "--served-model-name", MODEL_NAME, "--max-num-seqs", str(args.concurrency),
-             "--max-num-batched-tokens", "2048"]
+             "--max-num-batched-tokens", "2048", *(["--uvloop"] if args.uvloop else [])]
     here = Path(__file__).resolve().parents[2]
     sides: dict[str, tuple[list[str], Path, dict[str, str]]] = {
         "plain": ([sys.executable, str(Path(__file__).resolve()), "--serve-plain", "8411",
-                   "--concurrency", str(args.concurrency), "--plain-scheduler", args.plain_scheduler], here, {}),
+                   "--concurrency", str(args.concurrency), "--plain-scheduler", args.plain_scheduler,
+                   *(["--uvloop"] if args.uvloop else [])], here, {}),
         "trackside": (agent, here, {}),
     } if trees is None else {
         name: (agent, tree, {"PYTHONPATH": str(tree), "TRACKSIDE_PURE": "1"}) for name, tree in trees.items()

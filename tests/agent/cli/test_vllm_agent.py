@@ -107,7 +107,9 @@ EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "nodes" / "c
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     # The example node config (2 fake-executor units), the command line over it (its own ports, node id, token).
-    proc = AgentProcess(tmp_path_factory.mktemp("vllm-agent"), "--config", str(EXAMPLE_CONFIG))
+    # On uvloop's event loop, as vllm serve runs its API server (the other agents of these tests run asyncio's).
+    proc = AgentProcess(tmp_path_factory.mktemp("vllm-agent"), "--config", str(EXAMPLE_CONFIG), "--uvloop")
+    assert any(", uvloop event loop" in line for line in proc.lines() if WS_LINE.match(line)), proc.lines()
     try:
         yield proc
     finally:
@@ -351,6 +353,7 @@ def test_read_only_agent_replays_a_workload_and_records_to_duckdb(tmp_path: Path
                              for i in range(24)))
     proc = AgentProcess(tmp_path, "--trace", str(trace), "--dispatch", "round_robin", "--batch-policy",
                         "fairbatching", token=False, openai_api=False)
+    assert any(", asyncio event loop" in line for line in proc.lines() if WS_LINE.match(line))  # the default
     db = tmp_path / "store.duckdb"
     try:
         async def go() -> None:
