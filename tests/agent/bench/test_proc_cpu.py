@@ -14,23 +14,40 @@ import pytest
 from agent.bench.proc_cpu import CpuMeter, descendants, spread, window_shares
 
 
+class Burner:
+    """A child process that burns ``seconds`` of CPU in its main thread once told to (:meth:`burn`), then idles."""
+
+    def __init__(self, seconds: float) -> None:
+        code = ("import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
+                f"while time.process_time() - t < {seconds}: pass\nprint('burnt', flush=True)\ntime.sleep(30)")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        self.pid = self.proc.pid
+
+    def burn(self) -> None:
+        """Start the burn and wait until it is done (however long a loaded machine takes)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline() == "burnt\n"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 def test_the_cpu_meter_puts_a_busy_child_on_the_children_side() -> None:
-    burn = ("import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
-            "while time.process_time() - t < 0.4: pass\nprint('burnt', flush=True)\ntime.sleep(30)")
-    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert child.stdin is not None and child.stdout is not None
+    child = Burner(0.4)
     try:
         assert child.pid in descendants(os.getpid())
         meter = CpuMeter(os.getpid())
-        child.stdin.write("go\n")  # it burns its 0.4 s of CPU from now on; this process waits, idle
-        child.stdin.flush()
-        # until it has (a 1.5 s sleep did not always cover its start and 0.4 s of CPU on a loaded machine)
-        assert child.stdout.readline() == "burnt\n"
+        # it burns its 0.4 s of CPU; this process waits, idle, until it has (a 1.5 s sleep did not always cover its
+        # start and 0.4 s of CPU on a loaded machine)
+        child.burn()
         cpu = meter.stop(output_tokens=1000, bench_s=0.5)
     finally:
         child.kill()
-        child.wait()
     assert cpu["children_s"] >= 0.2 and cpu["server_s"] < 0.2
     assert cpu["children_us_per_output_token"] == pytest.approx(1e3 * cpu["children_s"], rel=0.05)
     assert 0 <= cpu["server_busy"] < 0.2
@@ -53,24 +70,18 @@ def test_window_shares_are_the_cpu_used_in_each_second_from_cumulative_samples()
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
 def test_the_cpu_meter_samples_the_servers_main_thread_over_the_bench() -> None:
-    burn = ("import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
-            "while time.process_time() - t < 0.6: pass\nprint('burnt', flush=True)\ntime.sleep(30)")
-    server = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert server.stdin is not None and server.stdout is not None
+    server = Burner(0.6)
     try:
         time.sleep(0.5)  # its start-up's CPU falls before the bench
         meter = CpuMeter(server.pid, interval_s=0.02)
         time.sleep(0.1)
         began = time.monotonic()
-        server.stdin.write("go\n")  # the bench: its main thread burns 0.6 s of CPU
-        server.stdin.flush()
-        assert server.stdout.readline() == "burnt\n"
+        server.burn()  # the bench: its main thread burns 0.6 s of CPU
         ended = time.monotonic()
         time.sleep(0.1)
         cpu = meter.stop(output_tokens=1000, bench_s=ended - began, bench_end=ended)
     finally:
         server.kill()
-        server.wait()
     busy = cpu["main_thread_busy_in_bench"]
     assert busy >= 0.5 * 0.6 / (ended - began) and busy <= 1.05
     assert busy == pytest.approx(cpu["server_s"] / (ended - began), rel=0.25)  # all of its CPU is the main thread's
