@@ -76,7 +76,7 @@ def spread(shares: list[float]) -> dict[str, float] | None:
 
 
 class CpuMeter:
-    """CPU seconds of a server process and of its descendants between :meth:`start` and :meth:`stop`; and, sampled
+    """CPU seconds of a server process and of its descendants from the meter's creation to :meth:`stop`; and, sampled
     every ``interval_s`` by a thread of this process, the CPU of the server's main thread (where both servers run
     their event loop: vLLM's API server and the agent) and of the descendants, so that the share of each second
     they were busy during the bench can be read: a front end whose loop is busy near 1.0 while the engine waits

@@ -403,7 +403,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--agent-arg", action="append", metavar="ARG",
                     help="one more argument for the agent's command (repeatable): --agent-arg=--uvloop")
     ap.add_argument("--trackside-first", action="store_true",
-                    help="the agent's side before plain's (the kill test, if any, still comes last)")
+                    help="the agent's side before plain's (its kill test, if any, right after it)")
     return ap
 
 
