@@ -148,7 +148,7 @@ Poisson run's TTFT was that of cache hits (the GPU run of 2026-11-26 on an H100 
 
 
 def bench_cmd(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: int, rate: str,
-              concurrency: int | None, input_len: int, output_len: int) -> list[str]:
+              concurrency: int | None, input_len: int, output_len: int, range_ratio: float = 0.0) -> list[str]:
     """A ``vllm bench serve`` command whose result lands in ``run.out`` as ``bench-NAME.json``; the prompts' seed
     is the phase's (:data:`PHASE_SEEDS`, by the name's last part)."""
     seed = PHASE_SEEDS.get(name.rsplit("-", 1)[-1], len(PHASE_SEEDS))
@@ -159,6 +159,8 @@ def bench_cmd(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: in
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
            "--save-result", "--result-dir", str(run.out), "--result-filename", f"bench-{name}.json",
            "--ready-check-timeout-sec", "600"]
+    if range_ratio:
+        cmd += ["--random-range-ratio", str(range_ratio)]
     return cmd + (["--max-concurrency", str(concurrency)] if concurrency else [])
 
 
@@ -223,14 +225,15 @@ def histogram_quantile(q: float, before: dict[float, float], after: dict[float, 
 
 
 def bench(run: Run, base_url: str, tokenizer: str, name: str, *, prompts: int, rate: str, concurrency: int | None,
-          input_len: int, output_len: int) -> dict[str, Any]:
+          input_len: int, output_len: int, range_ratio: float = 0.0) -> dict[str, Any]:
     """One ``vllm bench serve`` run to its end; its summary, with the server's own TTFT over the run
     (``server_ttft_ms``: p50 and p99 from its histogram) beside the client's, so that a tail can be put inside the
     server's request path (queueing, scheduling, the first step) or outside it (HTTP, tokenizing, streaming back)."""
     run.log(f"bench {name}: {prompts} prompts, rate {rate}, concurrency {concurrency}")
     before = ttft_buckets(base_url)
     proc = start(bench_cmd(run, base_url, tokenizer, name, prompts=prompts, rate=rate, concurrency=concurrency,
-                           input_len=input_len, output_len=output_len), run.out / f"bench-{name}.log")
+                           input_len=input_len, output_len=output_len, range_ratio=range_ratio),
+                 run.out / f"bench-{name}.log")
     proc.wait()
     summary = read_bench(run, name, proc.returncode)
     with contextlib.suppress(OSError):  # the bench saved its result as it ended, before its exit: the closer end
@@ -322,13 +325,13 @@ def _side(run: Run, args: argparse.Namespace, label: str, proc: subprocess.Popen
     base = f"http://127.0.0.1:{port}"
     run.result[label]["saturate"] = metered(run, proc, base, tokenizer, f"{label}-saturate", prompts=args.prompts,
                                             rate="inf", concurrency=args.concurrency, input_len=args.input_len,
-                                            output_len=args.output_len)
+                                            output_len=args.output_len, range_ratio=args.range_ratio)
     run.save()
     if args.rate_prompts <= 0:
         return True
     run.result[label]["poisson"] = metered(run, proc, base, tokenizer, f"{label}-poisson", prompts=args.rate_prompts,
                                            rate=str(args.rate), concurrency=None, input_len=args.input_len,
-                                           output_len=args.output_len)
+                                           output_len=args.output_len, range_ratio=args.range_ratio)
     run.save()
     return True
 
@@ -388,6 +391,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=600, help="saturating run: requests")
+    ap.add_argument("--range-ratio", type=float, default=0.0,
+                    help="prompt and output lengths drawn from LEN*(1-R) to LEN*(1+R) (vllm bench serve's "
+                    "--random-range-ratio; default 0: one length, so a saturating run's requests finish together, "
+                    "in waves)")
     ap.add_argument("--concurrency", type=int, default=256, help="saturating run: at most this many in flight")
     ap.add_argument("--rate", type=float, default=20.0, help="Poisson run: requests/s")
     ap.add_argument("--rate-prompts", type=int, default=300, help="Poisson run: requests (0: no Poisson run)")
