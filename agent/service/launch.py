@@ -170,9 +170,9 @@ async def run_agent(
                   replay_capacity=replay_events, slack_sample_ms=slack_sample_ms, boot_ns=node.origin_ns,
                   placements={p.unit_id: p for p in config.placements})
         async with AgentServer(hub, host=host, port=port, ssl_context=tls, gc_control=False, limits=limits) as server:
-            loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # asyncio, or uvloop (--uvloop)
+            loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]  # asyncio, or uvloop (--uvloop)
             print(f"trackside agent {node_id}: {server.url} ({len(units)} vLLM units of {config.model_name}, "
-                  f"batch policy {config.batch_policy}, dispatch {dispatcher.name}, {loop} event loop"
+                  f"batch policy {config.batch_policy}, dispatch {dispatcher.name}, {loop_name} event loop"
                   f"{f', {len(requests)} requests to replay' if requests else ''})", file=out, flush=True)
             if config.serve_openai is not None:
                 from agent.engine.vllm.openai_app import frontend_tokens
