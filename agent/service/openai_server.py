@@ -181,9 +181,14 @@ async def build_app(cluster: VllmCluster[VllmUnit], *, model_name: str | None = 
         from starlette.responses import PlainTextResponse
 
         render = metrics
+
+        async def metrics_route() -> PlainTextResponse:
+            # A coroutine, so that it runs on the loop's thread with the hub it reads (FastAPI runs a plain
+            # function endpoint in a worker thread: the hub's flush there raced the loop's own telemetry).
+            return PlainTextResponse(render(), media_type="text/plain; version=0.0.4")
+
         app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/metrics"]
-        app.add_api_route("/metrics", lambda: PlainTextResponse(render(), media_type="text/plain; version=0.0.4"),
-                          methods=["GET"], include_in_schema=False)
+        app.add_api_route("/metrics", metrics_route, methods=["GET"], include_in_schema=False)
     app.state.trackside_client = client
     return TracksideMiddleware(app, retry_after_s=max(1.0, cluster.ttft_slo_s))
 

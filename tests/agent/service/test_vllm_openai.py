@@ -62,6 +62,7 @@ class Served:
         self._thread = threading.Thread(target=self.loop.run_forever, name="openai-server", daemon=True)
         self._thread.start()
         self.units: list[VllmUnit] = []
+        self.metrics_threads: list[threading.Thread] = []
         self.call(self._start)
 
     async def _start(self) -> None:
@@ -73,8 +74,12 @@ class Served:
             unit.start()
             self.units.append(unit)
         self.cluster = VllmCluster(self.units, DISPATCH_POLICIES["least_loaded"](), ttft_slo_s=0.5, tpot_slo_s=0.05)
-        self.server = OpenAIServer(self.cluster, "127.0.0.1", 0, model_name=MODEL, metrics=lambda: METRICS)
+        self.server = OpenAIServer(self.cluster, "127.0.0.1", 0, model_name=MODEL, metrics=self._metrics)
         await self.server.start()
+
+    def _metrics(self) -> str:
+        self.metrics_threads.append(threading.current_thread())
+        return METRICS
 
     async def _stop(self) -> None:
         await self.server.stop()
@@ -272,6 +277,8 @@ def test_metrics_serves_the_agents_text(served: Served) -> None:
     r = httpx.get(served.root_url + "/metrics")
     assert r.status_code == 200 and r.text == METRICS
     assert r.headers["content-type"].startswith("text/plain")
+    # read on the server's loop, where the hub it renders lives (not in a worker thread beside it)
+    assert served.metrics_threads[-1] is served._thread
 
 
 # -- completions and chat -------------------------------------------------------------------------------
