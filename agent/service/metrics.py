@@ -17,6 +17,10 @@ Where ours differ from vLLM's, in what is counted or when:
   (the dispatcher's wait included). ``vllm:request_time_per_output_token_seconds``: the mean TPOT of a request,
   observed when it finishes (none for a single output token); ``trackside_request_max_tpot_seconds``: its worst
   per-token TPOT, the one ``trackside_slo_attained_total`` judges by default (finer buckets around usual SLOs).
+* ``trackside_event_loop_cpu_seconds_total``: CPU time of the thread that renders the exposition, which is the
+  thread of the agent's event loop (every ``/metrics`` is served on it): the OpenAI front end, dispatch and
+  telemetry of a vLLM node, the whole simulated node of a simulated one. Its rate is the loop's busy share; near 1
+  the loop, not the engines, is what limits the node (``docs/vllm.md``, "GPU run: the front end's event loop").
 * ``trackside_control_changes_total{action}``: control changes applied, by action (``set_batch_policy``,
   ``set_dispatch_policy``, ``set_params``, ``set_unit_mode``), counted once final: for a live node after its units
   answered (a change a unit refused is not counted).
@@ -25,6 +29,7 @@ Where ours differ from vLLM's, in what is counted or when:
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -249,4 +254,7 @@ def render(
     w.family("trackside_telemetry_subscribers", "gauge", "Connected telemetry subscribers.", [({}, num_subscribers)])
     w.family("trackside_telemetry_slow_subscribers_closed_total", "counter",
              "Telemetry subscribers closed for not reading within the subscriber timeout.", [({}, num_slow_dropped)])
+    w.family("trackside_event_loop_cpu_seconds_total", "counter",
+             "CPU time of the agent's event-loop thread; its rate near 1 means the loop is saturated.",
+             [({}, time.thread_time())])
     return "\n".join(w.lines) + "\n"

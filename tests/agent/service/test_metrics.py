@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 from serve_harness import TOKEN, make_hub
 
@@ -87,3 +88,22 @@ def test_control_changes_count_what_was_applied() -> None:
     found = samples(hub)
     counted = {action: total(found, "trackside_control_changes_total", action=action) for action in CONTROL_ACTIONS}
     assert counted == {"set_batch_policy": 1, "set_dispatch_policy": 0, "set_params": 1, "set_unit_mode": 1}
+
+
+def test_the_event_loops_cpu_is_the_rendering_threads() -> None:
+    """``trackside_event_loop_cpu_seconds_total`` is the CPU time of the thread that renders it, the loop's (every
+    ``/metrics`` is served there): CPU burnt on this thread between two scrapes shows in it, a sleep does not."""
+    hub = make_hub(units=1)
+
+    def loop_cpu() -> float:
+        return total(samples(hub), "trackside_event_loop_cpu_seconds_total")
+
+    before = loop_cpu()
+    t = time.thread_time()
+    while time.thread_time() - t < 0.2:
+        pass
+    burnt = loop_cpu()
+    time.sleep(0.2)
+    slept = loop_cpu()
+    assert burnt - before >= 0.2
+    assert slept - burnt < 0.1
