@@ -28,19 +28,23 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def cpu_s(pid: int, stat: str | None = None) -> float | None:
-    """User plus system CPU seconds of one process so far (``/proc/PID/stat``, or the ``stat`` file given); None when
-    it is gone."""
+def _stat_cpu_s(stat: str) -> float | None:
+    """User plus system CPU seconds so far from a ``/proc`` ``stat`` file; None when it is gone."""
     try:
-        fields = Path(stat or f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds of one process so far (``/proc/PID/stat``); None when it is gone."""
+    return _stat_cpu_s(f"/proc/{pid}/stat")
+
+
 def thread_cpu_s(pid: int, tid: int) -> float | None:
     """User plus system CPU seconds of one thread of ``pid`` so far (``/proc/PID/task/TID/stat``); None when gone."""
-    return cpu_s(pid, f"/proc/{pid}/task/{tid}/stat")
+    return _stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
 
 
 def window_shares(samples: list[tuple[float, float]], start: float, end: float, width: float = 1.0) -> list[float]:

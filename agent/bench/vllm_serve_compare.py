@@ -136,9 +136,13 @@ def wait_gpu_free(run: Run, timeout_s: float = 60.0) -> None:
     run.log(f"GPU memory still in use after {timeout_s:.0f} s: {nvidia_smi('memory.used')} MiB")
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], log: Path, cwd: Path | None = None, env: dict[str, str] | None = None
+          ) -> subprocess.Popen[bytes]:
+    """``cmd`` in a session of its own (``stop`` ends its whole group), its output appended to ``log``; ``env``
+    added to this process's environment."""
     with log.open("ab") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
+                                env={**os.environ, **env} if env else None)
 
 
 PHASE_SEEDS = {"saturate": 0, "poisson": 1, "kill": 2}

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,10 +40,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.bench.vllm_serve_compare import MODEL_NAME, Run, metered, python_module, stop, wait_healthy
+from agent.bench.vllm_serve_compare import MODEL_NAME, Run, metered, python_module, start, stop, wait_healthy
 
 
-def serve_plain(port: int, max_num_seqs: int, scheduler: str, uvloop: bool = False) -> None:
+def serve_plain(port: int, max_num_seqs: int, scheduler: str, use_uvloop: bool = False) -> None:
     """vLLM's OpenAI app over one fake-executor ``AsyncLLM`` (vLLM's scheduler, or ours with the ``vllm``
     policy), until killed."""
     import uvicorn
@@ -69,10 +67,10 @@ def serve_plain(port: int, max_num_seqs: int, scheduler: str, uvloop: bool = Fal
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         await server.serve()
 
-    if uvloop:  # as vllm serve runs its API server
-        import uvloop as loop
+    if use_uvloop:  # as vllm serve runs its API server
+        import uvloop
 
-        loop.run(main())
+        uvloop.run(main())
     else:
         asyncio.run(main())
 
@@ -133,9 +131,7 @@ def compare(args: argparse.Namespace, trees: dict[str, Path] | None) -> int:
     for r in range(args.rounds):
         for side, (cmd, cwd, env) in sides.items():
             label = side.replace(" ", "-")
-            with (out / f"server-{label}-{r}.log").open("ab") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
-                                        env={**os.environ, **env})
+            proc = start(cmd, out / f"server-{label}-{r}.log", cwd, env)
             try:
                 wait_healthy("http://127.0.0.1:8411/health", proc, 300)
                 summary = metered(run, proc, "http://127.0.0.1:8411", tokenizer, f"{label}-{r}",
@@ -165,6 +161,7 @@ def compare(args: argparse.Namespace, trees: dict[str, Path] | None) -> int:
     print(f"median front-end CPU per output token: {first} {cpu[first]:.1f} us, {second} {cpu[second]:.1f} us, "
           f"ratio {cpu[second] / cpu[first]:.3f}")
     return 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())
