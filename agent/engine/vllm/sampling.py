@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
@@ -31,9 +33,12 @@ class Sampling:
     """Produce text (needs a tokenizer: ``skip_tokenizer_init=False``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TokenDelta:
-    """What one engine output added to a request (``RequestOutputKind.DELTA``)."""
+class TokenDelta(msgspec.Struct, frozen=True):
+    """What one engine output added to a request (``RequestOutputKind.DELTA``).
+
+    Built once per output of every request (per token, under load) in vLLM's output handler: a msgspec Struct, as
+    the engine's records are (:mod:`agent.engine.base`), because its constructor is C (a frozen dataclass's sets each
+    field through ``object.__setattr__``: ~0.35 µs of the front end's ~38 µs per output token on the 2-core VM)."""
 
     token_ids: tuple[int, ...]
     text: str = ""

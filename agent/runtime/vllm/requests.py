@@ -88,7 +88,7 @@ class RequestStream:
         self.outcome: RequestOutcome | None = None
         self.error: BaseException | None = None
         self._cluster = cluster
-        self._items: deque[TokenDelta | object] | None = deque() if collect else None
+        self._items: deque[Any] | None = deque() if collect else None
         """Deltas not yet iterated, then ``_END`` (which stays: a further ``__anext__`` ends again); a deque and one
         waiter rather than an ``asyncio.Queue``, as vLLM's own output collector (fewer futures per token)."""
         self._waiter: asyncio.Future[None] | None = None
@@ -113,14 +113,12 @@ class RequestStream:
                 await waiter
             finally:
                 self._waiter = None
-        item = items[0]
-        if item is _END:  # left in place: a further __anext__ ends (or raises) again
+        if items[0] is _END:  # left in place: a further __anext__ ends (or raises) again
             if self.error is not None:
                 raise self.error
             raise StopAsyncIteration
-        items.popleft()
-        assert isinstance(item, TokenDelta)
-        return item
+        delta: TokenDelta = items.popleft()  # per output token: no isinstance check (only deltas and _END go in)
+        return delta
 
     def ready(self) -> list[TokenDelta]:
         """The deltas queued since the last one iterated, without waiting; the end of the stream (and an error)
@@ -128,9 +126,7 @@ class RequestStream:
         items = self._items
         out: list[TokenDelta] = []
         while items and items[0] is not _END:
-            item = items.popleft()
-            assert isinstance(item, TokenDelta)
-            out.append(item)
+            out.append(items.popleft())
         return out
 
     async def wait(self) -> RequestOutcome:
