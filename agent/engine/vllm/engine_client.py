@@ -15,18 +15,22 @@ prompt and prompt token ids (after a migration a unit's prompt is the original o
 before), merged by vLLM's own ``RequestOutput.add`` where the app asked for cumulative or final-only output.
 
 Per-request SLOs ride in vLLM's extension field ``vllm_xargs`` (``SamplingParams.extra_args``):
-``ttft_slo_ms`` and ``tpot_slo_ms``. Refused here (``ValueError``, which the app answers with 400): ``n`` > 1,
-LoRA adapters, multimodal or embedding prompts, streaming inputs, pooling. Limits of recompute, said in
-``docs/openai-intake.md``: a stop string that spans the point where a request moved is not seen, and a seeded
-request samples differently after it moved.
+``ttft_slo_ms`` and ``tpot_slo_ms``. Parallel sampling (``n`` > 1) is fanned out here as vLLM's own front end
+fans it out (``ParentRequest``: child ids ``i_<id>``, ``seed + i``): each sequence is a request of its own at the
+dispatcher (which may place them on different units), and their outputs go back to the app as one request's.
+Refused here (``ValueError``, which the app answers with 400): LoRA adapters, multimodal or embedding prompts,
+streaming inputs, pooling. Limits of recompute, said in ``docs/openai-intake.md``: a stop string that spans the
+point where a request moved is not seen, and a seeded request samples differently after it moved.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Protocol
 
@@ -35,6 +39,7 @@ from vllm.entrypoints.openai.engine.protocol import GenerationError
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.parallel_sampling import ParentRequest
 
 from agent.engine.vllm.sampling import TokenDelta
 
@@ -107,13 +112,114 @@ class RequestRefused(GenerationError):  # type: ignore[misc]
 
 
 def _final_delta(request_id: str, prompt: str | None, prompt_ids: list[int], delta: TokenDelta,
-                 params: SamplingParams) -> RequestOutput:
+                 params: SamplingParams, index: int) -> RequestOutput:
     """A ``RequestOutput`` for a delta that came without one (the finish of a request whose unit died after its
     last token)."""
     logprobs: Any = [] if params.logprobs is not None else None
-    out = CompletionOutput(index=0, text=delta.text, token_ids=list(delta.token_ids), cumulative_logprob=None,
+    out = CompletionOutput(index=index, text=delta.text, token_ids=list(delta.token_ids), cumulative_logprob=None,
                            logprobs=logprobs, finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
     return RequestOutput(request_id, prompt, prompt_ids, None, [out], delta.finish_reason is not None)
+
+
+@dataclass(slots=True)
+class _Shared:
+    """What the outputs of one request (all ``n`` sequences of it) share: only its first output carries the prompt's
+    logprobs, and every output reports the prompt tokens its first unit found cached."""
+
+    first: bool = True
+    cached: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ParentInfo:
+    """What vLLM's ``ParentRequest`` reads of the request it fans out (an ``EngineCoreRequest`` in vLLM's front end)."""
+
+    request_id: str
+    external_req_id: str
+    params: SamplingParams
+
+
+def _outputs(request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams, index: int,
+             shared: _Shared) -> Callable[[TokenDelta], RequestOutput]:
+    """What the app gets for each delta of sequence ``index`` of a request: the unit's own output (a delta: vLLM's
+    collector hands over a fresh one each time), told the request's original id and prompt (after a migration the
+    unit's prompt is the original one plus the tokens produced before) and its sequence's index."""
+
+    def output(delta: TokenDelta) -> RequestOutput:
+        out = delta.output
+        if isinstance(out, RequestOutput):
+            out.request_id, out.prompt, out.prompt_token_ids = request_id, prompt, prompt_ids
+            if not shared.first:
+                out.prompt_logprobs = None
+            if shared.cached is not None:
+                out.num_cached_tokens = shared.cached
+            if index:
+                for completion in out.outputs:
+                    completion.index = index
+        else:
+            out = _final_delta(request_id, prompt, prompt_ids, delta, params, index)
+        if shared.cached is None:
+            shared.cached = out.num_cached_tokens
+        shared.first = False
+        return out
+
+    return output
+
+
+async def _parallel(routed: Sequence[Routed], outputs: Sequence[Callable[[TokenDelta], RequestOutput]],
+                    kind: RequestOutputKind) -> AsyncGenerator[RequestOutput, None]:
+    """The outputs of a request's ``n`` sequences, each routed on its own, as vLLM's front end gives a parallel
+    sampling request's (``ParentRequest.get_outputs``): every sequence's deltas as they come, each with its index
+    (``DELTA``), or all of them merged (``CUMULATIVE``; ``FINAL_ONLY`` once every sequence finished); the request
+    is finished with its last sequence. A sequence that fails fails the request."""
+    queue: asyncio.Queue[tuple[int, TokenDelta | Exception | None]] = asyncio.Queue()
+
+    async def read(i: int, stream: Routed) -> None:
+        try:
+            async for delta in stream:
+                queue.put_nowait((i, delta))
+        except Exception as exc:  # raised by the consumer below, which then aborts the others
+            queue.put_nowait((i, exc))
+            return
+        queue.put_nowait((i, None))
+
+    readers = [asyncio.create_task(read(i, stream)) for i, stream in enumerate(routed)]
+    done = [False] * len(routed)
+    left = len(routed)
+    merged: RequestOutput | None = None
+    try:
+        while left:
+            i, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                if not done[i]:
+                    raise RuntimeError(f"{routed[i].request_id} ended without finishing")
+                continue
+            out = outputs[i](item)
+            if item.finish_reason is not None and not done[i]:
+                done[i] = True
+                left -= 1
+            out.finished = not left
+            if kind == RequestOutputKind.DELTA:
+                yield out
+                continue
+            if merged is None:
+                merged = out
+            else:
+                merged.add(out, aggregate=True)
+                merged.finished = out.finished
+            merged.outputs.sort(key=_index)
+            if kind == RequestOutputKind.CUMULATIVE or not left:
+                yield copy.deepcopy(merged) if left else merged
+    finally:
+        for reader in readers:
+            reader.cancel()
+
+
+def _index(completion: CompletionOutput) -> int:
+    index: int = completion.index
+    return index
 
 
 class RoutedEngineClient(EngineClient):  # type: ignore[misc]
@@ -141,7 +247,8 @@ class RoutedEngineClient(EngineClient):  # type: ignore[misc]
         self.model_config = first.model_config
         self.renderer = first.renderer
         self.input_processor = first.input_processor
-        self._routed: dict[str, Routed] = {}
+        self._routed: dict[str, list[Routed]] = {}
+        """Each request's routed requests (one, or ``n`` for parallel sampling), by the app's request id."""
         self._stopped = False
 
     def _engine(self) -> Any:
@@ -182,59 +289,59 @@ class RoutedEngineClient(EngineClient):  # type: ignore[misc]
             raise ValueError("trackside units serve the base model only (no LoRA adapters)")
         if not isinstance(sampling_params, SamplingParams):
             raise ValueError("trackside units take sampling requests only")
-        if sampling_params.n != 1:
-            raise ValueError("trackside routes one sequence per request: n must be 1")
         ids, text = prompt_token_ids(prompt)
         text = prompt_text if prompt_text is not None else text
         slos = request_slos(sampling_params)
         kind = sampling_params.output_kind
-        routed = self._submit(request_id, ids, sampling_params, ttft_slo_s=slos["ttft_slo_s"],
-                              tpot_slo_s=slos["tpot_slo_s"], arrival_s=self._clock())
+        arrival_s = self._clock()
+        n = sampling_params.n
+        if n == 1:
+            children = [(request_id, sampling_params)]
+        else:  # parallel sampling: n requests, vLLM's child ids and parameters (seed + i), as its front end makes
+            parent = ParentRequest(_ParentInfo(request_id, request_id, sampling_params))
+            children = [parent.get_child_info(i) for i in range(n)]
+        routed: list[Routed] = []
         self._routed[request_id] = routed
-        merged: RequestOutput | None = None
-        cached: int | None = None
-        finished = False
-        first = True
-
-        def output(delta: TokenDelta) -> RequestOutput:
-            nonlocal cached, first
-            out = delta.output
-            if isinstance(out, RequestOutput):
-                # The unit's own output, this request's alone (a delta: vLLM's collector hands over a fresh one each
-                # time), told the request's original id and prompt (after a migration the unit's prompt is the
-                # original one plus the tokens produced before).
-                out.request_id, out.prompt, out.prompt_token_ids = request_id, text, ids
-                if not first:
-                    out.prompt_logprobs = None
-                if cached is not None:
-                    out.num_cached_tokens = cached
-            else:
-                out = _final_delta(request_id, text, ids, delta, sampling_params)
-            if cached is None:
-                cached = out.num_cached_tokens
-            first = False
-            out.finished = delta.finish_reason is not None
-            return out
-
         try:
-            async for delta in routed:
-                out = output(delta)
-                finished = out.finished
-                if kind == RequestOutputKind.DELTA:
-                    # Deltas that queued up while the app was busy go out as one, as vLLM's own output collector
-                    # merges them for a consumer that fell behind: fewer chunks to render and send under load.
-                    for more in routed.ready() if not finished else ():
-                        out.add(output(more), aggregate=True)
-                        finished = out.finished = more.finish_reason is not None
-                    yield out
-                    continue
-                if merged is None:
-                    merged = out
-                else:
-                    merged.add(out, aggregate=True)
-                    merged.finished = finished
-                if kind == RequestOutputKind.CUMULATIVE or finished:
-                    yield copy.deepcopy(merged) if not finished else merged
+            for child_id, params in children:
+                routed.append(self._submit(child_id, ids, params, ttft_slo_s=slos["ttft_slo_s"],
+                                           tpot_slo_s=slos["tpot_slo_s"], arrival_s=arrival_s))
+        except BaseException:
+            self._routed.pop(request_id, None)
+            for r in routed:
+                r.abort()
+            raise
+        state = _Shared()
+        finished = False
+        try:
+            if n == 1:  # the common case, per output token: no reader task, no queue
+                output = _outputs(request_id, text, ids, sampling_params, 0, state)
+                merged: RequestOutput | None = None
+                stream = routed[0]
+                async for delta in stream:
+                    out = output(delta)
+                    finished = out.finished = delta.finish_reason is not None
+                    if kind == RequestOutputKind.DELTA:
+                        # Deltas that queued up while the app was busy go out as one, as vLLM's own output collector
+                        # merges them for a consumer that fell behind: fewer chunks to render and send under load.
+                        for more in stream.ready() if not finished else ():
+                            out.add(output(more), aggregate=True)
+                            finished = out.finished = more.finish_reason is not None
+                        yield out
+                        continue
+                    if merged is None:
+                        merged = out
+                    else:
+                        merged.add(out, aggregate=True)
+                        merged.finished = finished
+                    if kind == RequestOutputKind.CUMULATIVE or finished:
+                        yield copy.deepcopy(merged) if not finished else merged
+            else:
+                outputs = [_outputs(request_id, text, ids, sampling_params, i, state) for i in range(n)]
+                async with contextlib.aclosing(_parallel(routed, outputs, kind)) as parallel:
+                    async for out in parallel:
+                        finished = out.finished
+                        yield out
         except Exception as exc:  # a refusal the request ended with goes to the app as RequestRefused
             status = self._refusal(exc)
             if status is None:
@@ -243,12 +350,12 @@ class RoutedEngineClient(EngineClient):  # type: ignore[misc]
         finally:
             self._routed.pop(request_id, None)
             if not finished:
-                routed.abort()  # the app left early (client gone) or the request failed: nothing stays behind
+                for r in routed:
+                    r.abort()  # the app left early (client gone) or the request failed: nothing stays behind
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
-            routed = self._routed.get(rid)
-            if routed is not None:
+            for routed in self._routed.get(rid, ()):
                 routed.abort()
 
     def encode(self, *args: Any, **kwargs: Any) -> Any:

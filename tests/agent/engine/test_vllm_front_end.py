@@ -134,8 +134,38 @@ def _client(deltas: list[TokenDelta], serving: int = 1, burst: int = 0) -> tuple
 
 
 async def _collect(client: RoutedEngineClient, params: SamplingParams) -> list[RequestOutput]:
+    return await _collect_with(client, params)
+
+
+async def _collect_with(client: RoutedEngineClient, params: SamplingParams, **kw: Any) -> list[RequestOutput]:
     prompt = {"type": "token", "prompt_token_ids": [5, 6, 7], "prompt": "abc"}
-    return [out async for out in client.generate(prompt, params, "req-1")]
+    return [out async for out in client.generate(prompt, params, "req-1", **kw)]
+
+
+def _fanned(per_child: dict[int, list[TokenDelta]], fail: int | None = None) -> tuple[RoutedEngineClient, list[Any]]:
+    """A client whose child ``i`` (vLLM's id ``i_req-1``) yields ``per_child[i]``, yielding to the loop between
+    deltas so the children interleave; child ``fail`` raises after its deltas."""
+    calls: list[Any] = []
+
+    class Child(_Routed):
+        async def _gen(self) -> AsyncIterator[TokenDelta]:
+            async for d in super()._gen():
+                await asyncio.sleep(0)
+                yield d
+            if self.request_id.startswith(f"{fail}_"):
+                raise RuntimeError("engine failed")
+
+    def submit(request_id: str, ids: list[int], params: SamplingParams, **kw: Any) -> _Routed:
+        routed = Child(request_id, per_child[int(request_id.split("_")[0])])
+        calls.append((request_id, ids, params, kw, routed))
+        return routed
+
+    return RoutedEngineClient(lambda: [_Engine()], submit, lambda: 1), calls
+
+
+def _seq(i: int, n: int) -> list[TokenDelta]:
+    """Child ``i``'s deltas: ``n`` tokens ``10 * i + k``, the last one finishing."""
+    return [_delta([10 * i + k], f" t{i}{k}", "length" if k == n - 1 else None, prompt=[5, 6, 7]) for k in range(n)]
 
 
 def test_deltas_are_forwarded_with_the_original_request_and_prompt() -> None:
@@ -166,6 +196,52 @@ def test_deltas_that_queued_up_go_out_as_one_output() -> None:
     outs = asyncio.run(_collect(client, SamplingParams(max_tokens=4, output_kind=RequestOutputKind.DELTA)))
     assert [list(o.outputs[0].token_ids) for o in outs] == [[7, 8], [7, 9]] and [o.finished for o in outs] == [
         False, True]
+
+
+def test_parallel_sampling_routes_n_requests_and_merges_them_as_vllm_does() -> None:
+    # n=3: three requests at the dispatcher with vLLM's child ids and seeds; one final output with the three
+    # sequences in index order, though the shortest finishes first.
+    client, calls = _fanned({0: _seq(0, 3), 1: _seq(1, 1), 2: _seq(2, 2)})
+    params = SamplingParams(max_tokens=3, n=3, seed=40, output_kind=RequestOutputKind.FINAL_ONLY)
+    outs = asyncio.run(_collect(client, params))
+    assert [c[0] for c in calls] == ["0_req-1", "1_req-1", "2_req-1"]
+    assert [(c[2].n, c[2].seed) for c in calls] == [(1, 40), (1, 41), (1, 42)] and params.n == 3
+    assert len({c[3]["arrival_s"] for c in calls}) == 1  # one arrival for all
+    assert len(outs) == 1 and outs[0].finished and outs[0].request_id == "req-1"
+    assert [(c.index, list(c.token_ids), c.finish_reason) for c in outs[0].outputs] == [
+        (0, [0, 1, 2], "length"), (1, [10], "length"), (2, [20, 21], "length")]
+    assert not any(c[4].aborted for c in calls)
+
+
+def test_parallel_sampling_streams_each_sequence_with_its_index_and_finishes_with_the_last() -> None:
+    client, _ = _fanned({0: _seq(0, 2), 1: _seq(1, 3)})
+    outs = asyncio.run(_collect(client, SamplingParams(max_tokens=3, n=2, output_kind=RequestOutputKind.DELTA)))
+    got = [(o.outputs[0].index, list(o.outputs[0].token_ids), o.finished) for o in outs]
+    assert sorted(got) == sorted([(0, [0], False), (0, [1], False), (1, [10], False), (1, [11], False),
+                                  (1, [12], True)])
+    assert got[-1] == (1, [12], True) and [o.finished for o in outs].count(True) == 1
+    assert [o.prompt_logprobs is None for o in outs][1:] == [True] * 4  # the prompt's logprobs once
+    assert {o.request_id for o in outs} == {"req-1"}
+
+
+def test_a_failed_sequence_fails_the_parallel_request_and_aborts_the_others() -> None:
+    client, calls = _fanned({0: _seq(0, 1), 1: _seq(1, 5)}, fail=0)
+    with pytest.raises(RuntimeError, match="engine failed"):
+        asyncio.run(_collect(client, SamplingParams(max_tokens=5, n=2, output_kind=RequestOutputKind.DELTA)))
+    assert calls[1][4].aborted  # the other sequence does not stay behind
+    # a client that leaves early aborts every sequence
+    client, calls = _fanned({0: _seq(0, 3), 1: _seq(1, 3)})
+
+    async def first_only() -> None:
+        gen = client.generate({"prompt_token_ids": [1]}, SamplingParams(max_tokens=3, n=2), "r")
+        await gen.__anext__()
+        await gen.aclose()
+
+    asyncio.run(first_only())
+    assert all(c[4].aborted for c in calls)
+    client, calls = _fanned({0: _seq(0, 3), 1: _seq(1, 3)})
+    asyncio.run(client.abort("req-1"))  # nothing routed under that id yet: nothing to do
+    assert calls == []
 
 
 def test_the_cluster_stream_hands_over_queued_deltas_and_keeps_its_end() -> None:
@@ -200,7 +276,7 @@ def test_final_only_output_is_merged_by_vllm_and_a_lost_finish_is_made_up() -> N
     assert outs[0].outputs[0].finish_reason == "length"
 
 
-def test_a_request_left_early_is_aborted_and_what_units_cannot_take_is_refused() -> None:
+def test_a_request_left_early_is_aborted_and_a_dead_node_is_unhealthy() -> None:
     client, calls = _client([_delta([7], " ok", prompt=[1]), _delta([7], " ok", "length", prompt=[1])])
 
     async def first_only() -> None:
@@ -210,9 +286,8 @@ def test_a_request_left_early_is_aborted_and_what_units_cannot_take_is_refused()
 
     asyncio.run(first_only())
     assert calls[0][4].aborted
-    for params, match in ((SamplingParams(max_tokens=2, n=2), "n must be 1"),):
-        with pytest.raises(ValueError, match=match):
-            asyncio.run(_collect(client, params))
+    with pytest.raises(ValueError, match="LoRA"):
+        asyncio.run(_collect_with(client, SamplingParams(max_tokens=2), lora_request=object()))
     assert client.errored is False and client.is_running
     dead, _ = _client([], serving=0)
     assert dead.errored

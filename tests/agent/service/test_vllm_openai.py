@@ -347,6 +347,34 @@ def test_chat_completion_streaming(served: Served) -> None:
     assert last.usage.completion_tokens == 20 and last.usage.prompt_tokens > 0
 
 
+def test_parallel_sampling_gives_n_choices_each_routed_on_its_own(served: Served) -> None:
+    request_id = rid("parallel")
+    out = served.client().completions.create(model=MODEL, prompt=ids(20), max_tokens=4, n=3, seed=7,
+                                             extra_headers={"x-request-id": request_id})
+    assert sorted(c.index for c in out.choices) == [0, 1, 2]
+    assert all(c.text == OK * 4 and c.finish_reason == "length" for c in out.choices)
+    assert out.usage is not None and (out.usage.prompt_tokens, out.usage.completion_tokens) == (20, 12)
+    # three requests at the dispatcher, with vLLM's child ids, each with its own outcome
+    found = served.call(lambda: [o for u in served.units for o in u.outcomes if request_id in o.request_id])
+    assert sorted(o.request_id.split("_")[0] for o in found) == ["0", "1", "2"]
+    assert all(o.output_tokens == 4 for o in found)
+
+
+def test_parallel_sampling_streams_every_choice(served: Served) -> None:
+    chunks = list(served.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Two stories"}], max_tokens=5, n=2, stream=True,
+        stream_options={"include_usage": True}))
+    text: dict[int, str] = {0: "", 1: ""}
+    finishes: dict[int, list[str]] = {0: [], 1: []}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            text[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                finishes[choice.index].append(choice.finish_reason)
+    assert text == {0: OK * 5, 1: OK * 5} and finishes == {0: ["length"], 1: ["length"]}
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
+
+
 def test_a_stop_string_ends_a_text_completion(served: Served) -> None:
     out = served.client().completions.create(model=MODEL, prompt="Say ok", max_tokens=10, stop=[OK * 2])
     choice = out.choices[0]
