@@ -49,8 +49,10 @@ from agent.telemetry.client import host_port
 
 log = logging.getLogger(__name__)
 
-ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
-"""Where requests go through the dispatcher (the paths :class:`TracksideMiddleware` looks after)."""
+ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+"""Where requests go through the dispatcher (the paths :class:`TracksideMiddleware` looks after). A streamed
+response of ``/v1/responses`` starts (``response.created``) before its request reaches the dispatcher, so it gets
+neither the unit's header nor a refusal's status: a refusal ends that stream with vLLM's error event."""
 
 
 @dataclass(slots=True)

@@ -527,6 +527,23 @@ def test_refused_by_admission_control_gets_429(served: Served, refusing: list[tu
                                                 max_tokens=2, stream=stream)
 
 
+def test_the_responses_api_is_routed_and_refused_like_the_others(served: Served,
+                                                                 refusing: list[tuple[int, int]]) -> None:
+    r = httpx.post(served.base_url + "/responses", timeout=TIMEOUT_S,
+                   json={"model": MODEL, "input": "hi", "max_output_tokens": 2})
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "RateLimitError" and refusing
+
+
+def test_the_responses_api_says_where_it_was_served(served: Served) -> None:
+    raw = served.client().responses.with_raw_response.create(model=MODEL, input="Hello", max_output_tokens=4)
+    out = raw.parse()
+    assert out.output_text == OK * 4 and out.usage is not None and out.usage.output_tokens == 4
+    o = served.outcome(out.id)  # the engine request's id is the response's
+    assert raw.headers["x-trackside-unit"] == str(o.unit_id)
+    assert float(raw.headers["x-trackside-ttft-ms"]) == pytest.approx(o.ttft_s * 1e3, abs=0.1)
+
+
 # -- clients that leave -----------------------------------------------------------------------------------
 def test_disconnect_mid_stream_aborts_and_frees_kv(served: Served,
                                                    dispatcher: Callable[[DispatchPolicy], None]) -> None:
