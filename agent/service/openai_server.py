@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,6 +208,21 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn's server, embedded in the agent's event loop: it leaves SIGINT and SIGTERM to the agent.
+
+    uvicorn's own ``serve`` replaces both handlers while it runs (``Server.capture_signals``, main thread only), stops
+    on its own when one comes, and on its way out puts back the handlers it found and raises the signal again. In the
+    agent the signal belongs to the agent's shutdown (``agent.service.launch``: the units, the telemetry's drain, then
+    :meth:`OpenAIServer.stop`), which stops this server too; a signal taken and raised again by the server is a second
+    path into it, and one that ends the process with the default action (exit status 143) should the handler it puts
+    back be the default one by then."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
 class OpenAIServer:
     """uvicorn serving vLLM's OpenAI app over the cluster, on a loopback (or given) address, in the running loop.
 
@@ -229,7 +245,7 @@ class OpenAIServer:
         self.port = int(self._sock.getsockname()[1])
         """The bound port (the one the OS chose for ``port=0``)."""
         self._log_level = log_level
-        self._server: uvicorn.Server | None = None
+        self._server: EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -241,7 +257,7 @@ class OpenAIServer:
         self.cluster.start()
         self.app = await build_app(self.cluster, model_name=self.model_name, args=self._args,
                                    metrics=self._metrics)
-        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level=self._log_level, lifespan="off",
+        self._server = EmbeddedServer(uvicorn.Config(self.app, log_level=self._log_level, lifespan="off",
                                                      timeout_graceful_shutdown=2))
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
         while not self._server.started:

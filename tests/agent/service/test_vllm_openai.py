@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -39,7 +40,7 @@ from agent.engine.vllm.options import EngineOptions
 from agent.engine.vllm.tiny_tokenizer import FAKE_TOKEN_TEXT
 from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.vllm.cluster import VllmCluster
-from agent.service.openai_server import OpenAIServer
+from agent.service.openai_server import EmbeddedServer, OpenAIServer
 from policies.base import DispatchPolicy
 from policies.registry import DISPATCH_POLICIES
 from policies.types import DispatchDecision, PendingRequest, UnitLoad
@@ -542,6 +543,18 @@ def test_the_responses_api_says_where_it_was_served(served: Served) -> None:
     o = served.outcome(out.id)  # the engine request's id is the response's
     assert raw.headers["x-trackside-unit"] == str(o.unit_id)
     assert float(raw.headers["x-trackside-ttft-ms"]) == pytest.approx(o.ttft_s * 1e3, abs=0.1)
+
+
+def test_the_embedded_http_server_leaves_sigint_and_sigterm_to_the_agent() -> None:
+    # uvicorn's own serve() swaps both handlers while it runs (in the main thread, as here) and raises a signal it
+    # took once more on its way out; in the agent the signal is the agent's shutdown, which stops this server too.
+    import uvicorn
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = EmbeddedServer(uvicorn.Config(app=lambda scope, receive, send: None))
+    with server.capture_signals():
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 # -- clients that leave -----------------------------------------------------------------------------------
