@@ -199,6 +199,36 @@ def test_the_dry_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkey
     assert run_dry(capsys, [*argv, "--dry-run"])["listen"] == "0.0.0.0:7700"
 
 
+@pytest.mark.vllm
+def test_several_agents_on_one_node(tmp_path: Path) -> None:
+    """The guide's "Several agents on one node" block, run with bash: its configs, made from the example, resolve to
+    four agents on GPU pairs with their own node ids and ports (``--dry-run``); the systemd template's command names
+    each instance's config."""
+    pytest.importorskip("vllm")
+    (block,) = [b for b in blocks(("sh",)) if "node-$i.toml" in b and "for i in 1 2 3" in b]
+    script = moved(block.replace("sudo install -m 640 -g trackside", "install -m 640"), {
+        "/etc/trackside/": f"{tmp_path}/", "/opt/trackside/src/": f"{ROOT}/",
+        VENV_TRACKSIDE: " ".join(shlex.quote(w) for w in TRACKSIDE)})
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    decoder = json.JSONDecoder()
+    plans, text = [], done.stdout
+    while "{\n" in text:
+        plan, end = decoder.raw_decode(text[text.index("{\n"):])
+        plans.append(plan)
+        text = text[text.index("{\n") + end:]
+    assert [[u["gpus"] for u in p["units"]] for p in plans] == [[[2 * i], [2 * i + 1]] for i in range(4)]
+    assert [(p["node_id"], p["serve_openai"], p["listen"]) for p in plans] == [
+        (f"gpu-node-7-{i}", f"127.0.0.1:{8000 + i}", f"127.0.0.1:{7700 + i}") for i in range(4)]
+    (template,) = [b for b in blocks(("sh",)) if "trackside-agent@.service" in b]
+    sed = template.replace("\\\n", " ").split(" | sudo tee ")[0]  # the sed of the unit file, as the guide has it
+    unit = subprocess.run(["bash", "-c", moved(sed, {"/opt/trackside/src/": f"{ROOT}/"})], capture_output=True,
+                          text=True, check=True).stdout
+    (start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert "--config /etc/trackside/node-%i.toml" in start
+
+
 # -- live: a simulated agent, the recorder unit, sql, prune, ctl and the console ----------------------------
 def free_port() -> int:
     with socket.socket() as s:

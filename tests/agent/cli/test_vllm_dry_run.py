@@ -212,6 +212,7 @@ gpu_memory_utilization = 0.8
 
 EXPECTED = {
     "h100x8-llama31-8b.toml": ([[i] for i in range(8)], 1, 0.9),
+    "h100x8-llama31-8b-agent0-of-4.toml": ([[0], [1]], 1, 0.9),
     "h100x8-llama70b-tp4.toml": ([[0, 1, 2, 3], [4, 5, 6, 7]], 4, 0.9),
     "gpu0-shared-two-1b.toml": ([[0], [0]], 1, 0.45),
     "cpu-fake-executor.toml": ([[], []], 1, None),
@@ -236,6 +237,8 @@ def test_the_example_node_configs(capsys: pytest.CaptureFixture[str], name: str)
         assert {u["engine_args"]["kv_cache_dtype"] for u in plan["units"]} == {"fp8"}
     if name == "gpu0-shared-two-1b.toml":
         assert [u["engine_args"]["max_num_seqs"] for u in plan["units"]] == [512, 128]
+    if name == "h100x8-llama31-8b-agent0-of-4.toml":
+        assert plan["node_id"] == "gpu-node-7-0" and plan["serve_openai"] == "127.0.0.1:8000"
 
 
 def test_a_dry_run_prints_only_json_and_starts_nothing(tmp_path: Path) -> None:
