@@ -204,17 +204,31 @@ async def _parallel(routed: Sequence[Routed], outputs: Sequence[Callable[[TokenD
             if kind == RequestOutputKind.DELTA:
                 yield out
                 continue
-            if merged is None:
-                merged = out
-            else:
-                merged.add(out, aggregate=True)
-                merged.finished = out.finished
+            merged = _merge(merged, out, out.finished)
             merged.outputs.sort(key=_index)
-            if kind == RequestOutputKind.CUMULATIVE or not left:
-                yield copy.deepcopy(merged) if left else merged
+            if (due := _due(merged, kind)) is not None:
+                yield due
     finally:
         for reader in readers:
             reader.cancel()
+
+
+def _merge(merged: RequestOutput | None, out: RequestOutput, finished: bool) -> RequestOutput:
+    """``out`` added to the outputs before it (vLLM's ``RequestOutput.add``, which merges by sequence index), for an
+    app that asked for cumulative or final-only output."""
+    if merged is None:
+        return out
+    merged.add(out, aggregate=True)
+    merged.finished = finished
+    return merged
+
+
+def _due(merged: RequestOutput, kind: RequestOutputKind) -> RequestOutput | None:
+    """What to hand the app now of the merged outputs: a copy at every output (cumulative: the merge goes on), the
+    merge itself once finished, else nothing."""
+    if merged.finished:
+        return merged
+    return copy.deepcopy(merged) if kind == RequestOutputKind.CUMULATIVE else None
 
 
 def _index(completion: CompletionOutput) -> int:
@@ -329,13 +343,9 @@ class RoutedEngineClient(EngineClient):  # type: ignore[misc]
                             finished = out.finished = more.finish_reason is not None
                         yield out
                         continue
-                    if merged is None:
-                        merged = out
-                    else:
-                        merged.add(out, aggregate=True)
-                        merged.finished = finished
-                    if kind == RequestOutputKind.CUMULATIVE or finished:
-                        yield copy.deepcopy(merged) if not finished else merged
+                    merged = _merge(merged, out, finished)
+                    if (due := _due(merged, kind)) is not None:
+                        yield due
             else:
                 outputs = [_outputs(request_id, text, ids, sampling_params, i, state) for i in range(n)]
                 async with contextlib.aclosing(_parallel(routed, outputs, kind)) as parallel:
