@@ -1,0 +1,164 @@
+"""One agent's front end against one per unit: does a node stream more when its units' front ends run in separate
+processes? (docs/vllm.md, "One front-end process for the whole node".)
+
+    python -m agent.bench.split_frontends --model .gpu/models/llama32-1b --out DIR      # on the GPU machine
+    python -m agent.bench.split_frontends --fake --out DIR                               # CPU: the procedure only
+
+The same units on the same GPU under the same saturating load, served two ways, one after the other:
+
+1. **one agent**: ``trackside agent --engine vllm --units U --gpus 0 --gpu-memory-utilization 0.9/U`` (the units
+   share GPU 0), and one ``vllm bench serve`` of ``--prompts`` requests at ``--concurrency`` against its OpenAI port;
+2. **U agents**: ``U`` agents of one unit each, on the same GPU with the same memory share, each with its own ports
+   and node id, and ``U`` benches at once, each ``--prompts``/U requests at ``--concurrency``/U against its agent.
+
+Only the front end differs: one process (one event loop for the OpenAI app, the dispatcher and every unit's outputs)
+against ``U``. The layouts' output throughputs (the tokens of all benches over the longest bench) and each agent's
+front-end CPU per output token and event-loop busy share go to ``DIR/compare.json``. With a small model (1B: tens of
+thousands of tokens a second from one GPU) one front end is the bottleneck; if the ``U`` agents stream more, it was.
+The dispatch policy does nothing in the second layout (one unit per agent): a load balancer's place there is taken
+by giving each agent its share of the clients. ``--fake`` runs the same steps on a CPU with the fake executor, which
+checks the procedure; a 2-core machine's numbers mean nothing here (the benches, the agents and the engines share
+the cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.bench.proc_cpu import CpuMeter
+from agent.bench.vllm_serve_compare import (
+    MODEL_NAME,
+    Run,
+    bench_cmd,
+    engine_args,
+    model_with_tokenizer,
+    nvidia_smi,
+    python_module,
+    read_bench,
+    start,
+    stop,
+    wait_gpu_free,
+    wait_healthy,
+)
+
+OPENAI_PORT = 8300
+LISTEN_PORT = 7800
+
+
+def agent_cmd(args: argparse.Namespace, model: str, units: int, index: int, token_file: Path) -> list[str]:
+    """Agent ``index`` of a layout: ``units`` units on GPU 0, each with ``0.9 / --units`` of its memory."""
+    cmd = [*python_module("agent.cli"), "agent", "--engine", "vllm", "--units", str(units), "--batch-policy", "vllm",
+           "--dispatch", "least_loaded", "--serve-openai", f"127.0.0.1:{OPENAI_PORT + index}",
+           "--listen", f"127.0.0.1:{LISTEN_PORT + index}", "--node-id", f"split-{units}x{index}",
+           "--token-file", str(token_file), "--pending-timeout-s", "600", *(args.agent_arg or [])]
+    if args.fake:
+        return [*cmd, "--fake-executor", "--served-model-name", MODEL_NAME, "--max-num-seqs", str(args.max_num_seqs),
+                "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    share = round(0.9 / args.units, 3)
+    return [*cmd, "--model", model, "--gpus", "0", "--gpu-memory-utilization", str(share), *engine_args(args)]
+
+
+def layout(run: Run, args: argparse.Namespace, model: str, tokenizer: str, agents: int, token_file: Path
+           ) -> dict[str, Any]:
+    """Start ``agents`` agents sharing ``--units`` units, load them together, stop them; what was measured."""
+    label = f"{agents}-agent" + ("s" if agents > 1 else "")
+    units = args.units // agents
+    procs = []
+    out: dict[str, Any] = {"agents": agents, "units_per_agent": units}
+    try:
+        for i in range(agents):
+            cmd = agent_cmd(args, model, units, i, token_file)
+            run.log(f"{label}: agent {i}: {' '.join(cmd)}")
+            procs.append(start(cmd, run.out / f"server-{label}-{i}.log"))
+        for i, proc in enumerate(procs):
+            wait_healthy(f"http://127.0.0.1:{OPENAI_PORT + i}/health", proc, args.start_timeout)
+        run.log(f"{label}: healthy; {agents} bench(es) of {args.prompts // agents} prompts at concurrency "
+                f"{args.concurrency // agents}")
+        meters = [CpuMeter(proc.pid) for proc in procs]
+        benches = [start(bench_cmd(run, f"http://127.0.0.1:{OPENAI_PORT + i}", tokenizer, f"{label}-{i}-saturate",
+                                   prompts=args.prompts // agents, rate="inf", concurrency=args.concurrency // agents,
+                                   input_len=args.input_len, output_len=args.output_len, range_ratio=args.range_ratio),
+                         run.out / f"bench-{label}-{i}-saturate.log") for i in range(agents)]
+        ended = []
+        for bench in benches:
+            bench.wait()
+            ended.append(time.monotonic())
+        summaries = [read_bench(run, f"{label}-{i}-saturate", bench.returncode) for i, bench in enumerate(benches)]
+        for summary, meter, end in zip(summaries, meters, ended, strict=True):
+            tokens = (summary.get("output_throughput") or 0.0) * (summary.get("duration") or 0.0)
+            summary["cpu"] = meter.stop(tokens or None, summary.get("duration"), end)
+        out["benches"] = summaries
+        if all("output_throughput" in s and s["output_throughput"] for s in summaries):
+            tokens = sum(s["output_throughput"] * s["duration"] for s in summaries)
+            out["output_tokens"] = round(tokens)
+            out["output_throughput"] = round(tokens / max(s["duration"] for s in summaries), 1)
+            out["completed"] = sum(s["completed"] for s in summaries)
+            run.log(f"{label}: {out['output_throughput']} output tok/s over {out['completed']} requests")
+    except Exception as e:  # recorded; the other layout still runs
+        out["error"] = repr(e)
+        run.log(f"{label}: {e!r}")
+    finally:
+        for proc in procs:
+            stop(proc)
+        wait_gpu_free(run)
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=os.path.abspath(".gpu/models/llama32-1b"), help="a folder with config.json")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    ap.add_argument("--fake", action="store_true", help="CPU: the fake executor (checks the procedure)")
+    ap.add_argument("--units", type=int, default=2, help="units on GPU 0, in one agent or one agent each")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--range-ratio", type=float, default=0.5,
+                    help="lengths from LEN*(1-R) to LEN*(1+R) (vllm bench serve's --random-range-ratio), so the "
+                    "requests do not finish in waves")
+    ap.add_argument("--prompts", type=int, default=2000, help="requests in all, split over the benches")
+    ap.add_argument("--concurrency", type=int, default=256, help="in flight in all, split over the benches")
+    ap.add_argument("--start-timeout", type=float, default=400.0)
+    ap.add_argument("--agent-arg", action="append", metavar="ARG",
+                    help="one more argument for every agent (repeatable): --agent-arg=--uvloop")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.units < 2:
+        parser().error("--units must be at least 2 (one agent of U units against U agents of one)")
+    run = Run(args.out)
+    if args.fake:
+        from agent.engine.vllm.cpu import tiny_model_dir
+
+        model = tokenizer = tiny_model_dir()
+    else:
+        model = tokenizer = model_with_tokenizer(args.model)
+    run.result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    run.result["gpu"] = nvidia_smi("name,memory.total,driver_version")
+    token_file = Path(tempfile.mkdtemp(prefix="trackside-token-")) / "token"
+    token_file.write_text("split-" + os.urandom(8).hex())
+    token_file.chmod(0o600)
+    for agents in (1, args.units):
+        run.result[f"{agents}_agents"] = layout(run, args, model, tokenizer, agents, token_file)
+        run.save()
+    one, many = run.result["1_agents"], run.result[f"{args.units}_agents"]
+    if one.get("output_throughput") and many.get("output_throughput"):
+        run.result["throughput_ratio"] = round(many["output_throughput"] / one["output_throughput"], 3)
+        run.log(f"{args.units} agents / 1 agent, output throughput: {run.result['throughput_ratio']}")
+    run.result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run.save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
