@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,7 @@ from agent.bench.vllm_serve_compare import (
     Run,
     bench_cmd,
     engine_args,
-    model_with_tokenizer,
-    nvidia_smi,
+    prepare,
     python_module,
     read_bench,
     start,
@@ -63,9 +61,9 @@ def agent_cmd(args: argparse.Namespace, model: str, units: int, index: int, toke
     return [*cmd, "--model", model, "--gpus", "0", "--gpu-memory-utilization", str(share), *engine_args(args)]
 
 
-def layout(run: Run, args: argparse.Namespace, model: str, tokenizer: str, agents: int, token_file: Path
-           ) -> dict[str, Any]:
-    """Start ``agents`` agents sharing ``--units`` units, load them together, stop them; what was measured."""
+def layout(run: Run, args: argparse.Namespace, model: str, agents: int, token_file: Path) -> dict[str, Any]:
+    """Start ``agents`` agents sharing ``--units`` units, load them together, stop them; what was measured. The
+    model's folder is the benches' tokenizer too."""
     label = f"{agents}-agent" + ("s" if agents > 1 else "")
     units = args.units // agents
     procs = []
@@ -80,7 +78,7 @@ def layout(run: Run, args: argparse.Namespace, model: str, tokenizer: str, agent
         run.log(f"{label}: healthy; {agents} bench(es) of {args.prompts // agents} prompts at concurrency "
                 f"{args.concurrency // agents}")
         meters = [CpuMeter(proc.pid) for proc in procs]
-        benches = [start(bench_cmd(run, f"http://127.0.0.1:{OPENAI_PORT + i}", tokenizer, f"{label}-{i}-saturate",
+        benches = [start(bench_cmd(run, f"http://127.0.0.1:{OPENAI_PORT + i}", model, f"{label}-{i}-saturate",
                                    prompts=args.prompts // agents, rate="inf", concurrency=args.concurrency // agents,
                                    input_len=args.input_len, output_len=args.output_len, range_ratio=args.range_ratio),
                          run.out / f"bench-{label}-{i}-saturate.log") for i in range(agents)]
@@ -137,19 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.units < 2:
         parser().error("--units must be at least 2 (one agent of U units against U agents of one)")
     run = Run(args.out)
-    if args.fake:
-        from agent.engine.vllm.cpu import tiny_model_dir
-
-        model = tokenizer = tiny_model_dir()
-    else:
-        model = tokenizer = model_with_tokenizer(args.model)
-    run.result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    run.result["gpu"] = nvidia_smi("name,memory.total,driver_version")
-    token_file = Path(tempfile.mkdtemp(prefix="trackside-token-")) / "token"
-    token_file.write_text("split-" + os.urandom(8).hex())
-    token_file.chmod(0o600)
+    model, token_file = prepare(run, args)
     for agents in (1, args.units):
-        run.result[f"{agents}_agents"] = layout(run, args, model, tokenizer, agents, token_file)
+        run.result[f"{agents}_agents"] = layout(run, args, model, agents, token_file)
         run.save()
     one, many = run.result["1_agents"], run.result[f"{args.units}_agents"]
     if one.get("output_throughput") and many.get("output_throughput"):

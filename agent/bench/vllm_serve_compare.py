@@ -418,22 +418,30 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    run = Run(args.out)
+def prepare(run: Run, args: argparse.Namespace) -> tuple[str, Path]:
+    """The model folder, which is also the tokenizer's (``--fake``: the fake executor's tiny model), and a control
+    token file for the agents; the settings, model and GPU go on record."""
     if args.fake:
         from agent.engine.vllm.cpu import tiny_model_dir
 
-        model = tokenizer = tiny_model_dir()
+        model = tiny_model_dir()
     else:
-        model = tokenizer = model_with_tokenizer(args.model)
+        model = model_with_tokenizer(args.model)
     run.result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     run.result["model"] = model
     token_file = Path(tempfile.mkdtemp(prefix="trackside-token-")) / "token"
-    token_file.write_text("compare-" + os.urandom(8).hex())
+    token_file.write_text("bench-" + os.urandom(8).hex())
     token_file.chmod(0o600)
     run.result["gpu"] = nvidia_smi("name,memory.total,driver_version")  # not torch: no CUDA context here
     run.save()
+    return model, token_file
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    run = Run(args.out)
+    model, token_file = prepare(run, args)
+    tokenizer = model
     deadline = time.monotonic() + args.deadline_s
     # No vllm serve without a GPU: with --fake a second agent stands in for it.
     plain = agent_cmd(args, model, 8100, token_file, 7701, "vllm") if args.fake else plain_cmd(args, model, 8100)
