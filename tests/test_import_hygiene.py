@@ -44,7 +44,7 @@ def test_agent_runtime_needs_no_vllm_or_ui(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["agent.engine.live", "agent.engine.sim_live", "agent.runtime.vllm.cluster", "agent.runtime.vllm.live"]
+    "module", ["agent.engine.live", "agent.engine.sim_live", "agent.runtime.live.cluster", "agent.runtime.live.node"]
 )
 def test_the_live_cluster_runs_without_vllm(module: str) -> None:
     """The live cluster, its node and the simulated live engine load neither vLLM nor its transport (zmq): they run

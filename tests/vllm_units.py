@@ -12,7 +12,7 @@ from agent.engine.vllm.cpu import cpu_vllm_config
 from agent.engine.vllm.fake_executor import FakeExecutor
 from agent.engine.vllm.options import EngineOptions
 from agent.engine.vllm.unit import ENGINE_HANG_S, VllmUnit
-from agent.runtime.vllm.requests import RequestStream
+from agent.runtime.live.requests import RequestStream
 
 
 def fake_unit(unit_id: int, hang_s: float | None = ENGINE_HANG_S, tokenizer: bool = False) -> VllmUnit:

@@ -113,14 +113,14 @@ async def measure_share(unit: VllmUnit, tokens: int, context: int, rho: float,
     """One share on a running unit: the decodes prefilled at the full budget, the budget down to ``T``, the feeders
     in, :data:`MEASURED_STEPS` exact steps (or what came in a minute), everything aborted. ``D`` and the steps after
     the switch."""
-    from agent.runtime.vllm.cluster import VllmCluster
-    from agent.runtime.vllm.requests import ClusterRequest
+    from agent.runtime.live.cluster import LiveCluster
+    from agent.runtime.live.requests import ClusterRequest
     from agent.workload.prompts import prompt_ids
 
     tag = f"T{tokens}C{context}r{rho:g}"
     decodes, feeders = cell_requests(tokens, context, rho, tag)
     d = len(decodes)
-    cluster = VllmCluster([unit], DISPATCH_POLICIES["round_robin"](), ttft_slo_s=60.0, tpot_slo_s=60.0)
+    cluster = LiveCluster([unit], DISPATCH_POLICIES["round_robin"](), ttft_slo_s=60.0, tpot_slo_s=60.0)
     cluster.start()
     ids: list[str] = []
 

@@ -1,7 +1,7 @@
 """Replay a workload through live vLLM units with a trackside dispatcher, in real time.
 
 Requests arrive at their workload times (from the run's start), wait at the dispatcher, and go to the unit it
-picks (:class:`~agent.runtime.vllm.cluster.VllmCluster`: the dispatcher is asked on every arrival, at its
+picks (:class:`~agent.runtime.live.cluster.LiveCluster`: the dispatcher is asked on every arrival, at its
 ``next_check_s``, and, when it ``wants_step_reports``, after every step record while requests are pending, as in
 the simulated node). The result holds every request's outcome and every unit's step records, for the validation
 and for ``trackside bench``-style reports. A unit keeps a bounded history (``VllmUnit(history=...)``): a run longer
@@ -21,8 +21,8 @@ from typing import Any
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.vllm.messages import StepMessage
 from agent.engine.vllm.unit import VllmUnit
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.requests import ClusterRequest, RequestRejected, RequestStream
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.requests import ClusterRequest, RequestRejected, RequestStream
 from agent.telemetry import DEFAULT_TPOT_METRIC, TpotMetric
 from agent.workload.prompts import prompt_ids
 from agent.workload.types import RequestSpec
@@ -40,7 +40,7 @@ class RunResult:
     raw: dict[int, list[StepMessage]] = field(default_factory=dict)
     """Each unit's step messages (the records' fields and the scheduler's extras: plan time, PAB...)."""
     num_migrations: int = 0
-    """Requests moved between units by recompute (for dispatchers that migrate: ``VllmCluster``)."""
+    """Requests moved between units by recompute (for dispatchers that migrate: ``LiveCluster``)."""
 
     def summary(self, tpot_metric: TpotMetric = DEFAULT_TPOT_METRIC) -> dict[str, Any]:
         """Throughput, TTFT, the mean and the worst per-token TPOT, and SLO attainment with ``tpot_metric``'s TPOT."""
@@ -78,14 +78,14 @@ async def run_workload(units: Sequence[VllmUnit], dispatcher: DispatchPolicy, re
                        ttft_slo_s: float, tpot_slo_s: float, vocab: int = 32000, seed: int = 0,
                        progress: bool = False, refuses: Callable[[int, int], bool] | None = None) -> RunResult:
     """Replay ``requests`` (arrival times relative to now) through ``units``; returns when all are done.
-    ``refuses``: admission control at dispatch (``VllmCluster.refuses``: FairBatching+PAB's budget)."""
+    ``refuses``: admission control at dispatch (``LiveCluster.refuses``: FairBatching+PAB's budget)."""
     first_record = {u.unit_id: len(u.records) for u in units}
     first_outcome = {u.unit_id: len(u.outcomes) for u in units}
     streams: list[RequestStream] = []
     rejected: list[str] = []
     prompts = {r.request_id: prompt_ids(r, vocab, seed) for r in requests}
     t0 = time.time()
-    cluster = VllmCluster(units, dispatcher, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
+    cluster = LiveCluster(units, dispatcher, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
     cluster.refuses = refuses
 
     async def arrivals() -> None:

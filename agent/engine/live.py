@@ -3,7 +3,7 @@
 A simulated unit under the discrete-event node (:class:`agent.engine.base.Engine`) steps when the node tells it to.
 A live engine does not: vLLM's engine core steps in a process of its own (:class:`agent.engine.vllm.unit.VllmUnit`),
 and the simulated unit can step by itself in the event loop, in wall time (:class:`agent.engine.sim_live.SimLiveUnit`).
-The live cluster (``agent.runtime.vllm.cluster``) drives either through :class:`LiveEngine`:
+The live cluster (``agent.runtime.live.cluster``) drives either through :class:`LiveEngine`:
 
 - :meth:`LiveEngine.submit` returns at once, with a task that ends with the request's outcome; cancelling it aborts
   the request (its KV is freed). Token deltas come through the request's ``on_output``.

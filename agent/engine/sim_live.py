@@ -2,7 +2,7 @@
 
 :class:`SimLiveUnit` runs a :class:`~agent.engine.sim.SimUnit` (the calibrated simulator: its batch policy, its KV
 cache, its step timer) behind the :class:`~agent.engine.live.LiveEngine` interface that vLLM units implement, so the
-live cluster (``agent.runtime.vllm.cluster``), its node for the hub and the control plane, migration by recompute,
+live cluster (``agent.runtime.live.cluster``), its node for the hub and the control plane, migration by recompute,
 engine failures and restarts all run, and are tested, without vLLM. It is the second implementation of that interface,
 and keeps it honest: what the cluster needs from an engine is in the protocol, not in ``VllmUnit``.
 

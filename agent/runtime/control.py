@@ -10,7 +10,7 @@ The hot-swap contract (POLICIES.md section 5):
 * **Between two steps.** The caller runs these methods in the loop that drives :meth:`Node.advance`, so no
   step is being planned; a unit's in-flight step finishes under the plan it was given and its next step
   asks the new policy (``SimUnit.set_policy``). A live vLLM unit receives the change on its control channel
-  and applies it at the top of its next ``schedule()`` (``agent.runtime.vllm.live``); the hub waits for its
+  and applies it at the top of its next ``schedule()`` (``agent.runtime.live.node``); the hub waits for its
   acknowledgement (:meth:`agent.runtime.port.LiveNode.settle`) before it answers.
 * **Audited.** Every request, applied, rejected or dry run, yields an :class:`AuditRecord` (who, when in
   wall-clock ns, what, old, new, result, error) passed to ``on_audit``; an applied change or a dry run records the

@@ -1,7 +1,7 @@
 """The dispatch desk: the requests waiting at the dispatcher and what one dispatch round does to them.
 
 Both node runtimes use it, so that dispatching is written once: the simulated :class:`~agent.runtime.node.Node`
-(a discrete-event core) and the live :class:`~agent.runtime.vllm.cluster.VllmCluster` (vLLM engines that step on
+(a discrete-event core) and the live :class:`~agent.runtime.live.cluster.LiveCluster` (vLLM engines that step on
 their own). The desk does no I/O and reads no clock (Sans-I/O, as the wire layer): the runtime passes ``now`` in,
 and the desk calls back a :class:`DeskDriver`, the runtime, for everything that touches units or clients.
 

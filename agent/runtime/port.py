@@ -4,7 +4,7 @@ Two kinds of node satisfy them:
 
 * the simulated :class:`~agent.runtime.node.Node`: a discrete-event core over simulated units, whose clock the server
   drives (``advance``); node time is simulated seconds since the run's start;
-* a live node (:class:`LiveNode`, e.g. ``agent.runtime.vllm.live.LiveVllmNode``): real engines that step on their
+* a live node (:class:`LiveNode`, e.g. ``agent.runtime.live.node.LiveClusterNode``): real engines that step on their
   own. The server does not drive it, it runs it (:meth:`LiveNode.serve`); node time is wall-clock seconds since
   its :attr:`LiveNode.origin_ns`, which the hub takes as its ``boot_ns`` so that event times are wall-clock
   instants for both; control changes reach its units asynchronously and :meth:`LiveNode.settle` waits for their

@@ -1,7 +1,7 @@
 """What the node runtime reports and keeps about requests: where each one is (:class:`RequestState`), the moves
 between units (:class:`MigrationRecord`, :class:`MigrationConfig`), and the hooks through which a node tells
 its server what happened. Shared by the simulated :class:`~agent.runtime.node.Node` and the live vLLM node
-(``agent.runtime.vllm.live``).
+(``agent.runtime.live.node``).
 """
 
 from __future__ import annotations

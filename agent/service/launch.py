@@ -1,7 +1,7 @@
 """``trackside agent --engine vllm``: start vLLM units and serve them as the agent's node.
 
 The units start one after another (on one GPU each takes its share of the memory, ``gpu_memory_utilization``),
-then :class:`~agent.runtime.vllm.live.LiveVllmNode` wraps them and their dispatcher for the agent's hub and
+then :class:`~agent.runtime.live.node.LiveClusterNode` wraps them and their dispatcher for the agent's hub and
 websocket server (telemetry, control, ``/metrics``: the same stream as simulated units), and, with
 ``serve_openai``, :class:`~agent.service.openai_server.OpenAIServer` takes requests from any OpenAI client. A
 workload given instead (or as well) is replayed at its arrival times. With ``fake_executor`` the units run the
@@ -26,10 +26,10 @@ from agent.engine.vllm.placement import UnitPlacement
 from agent.engine.vllm.plan import FAKE_MODEL
 from agent.engine.vllm.unit import ENGINE_HANG_S, VllmUnit
 from agent.runtime.gc_control import freeze_startup_heap
+from agent.runtime.live.cluster import PENDING_TIMEOUT_S, RESTART_ATTEMPTS, LiveCluster
+from agent.runtime.live.node import LiveClusterNode
+from agent.runtime.live.restarts import backoff
 from agent.runtime.port import LiveNode
-from agent.runtime.vllm.cluster import PENDING_TIMEOUT_S, RESTART_ATTEMPTS, VllmCluster
-from agent.runtime.vllm.live import LiveVllmNode
-from agent.runtime.vllm.restarts import backoff
 from agent.service.guard import ConnectionLimits
 from agent.service.hub import Hub
 from agent.service.server import AgentServer
@@ -79,7 +79,7 @@ class VllmAgentConfig:
     """A workload to replay (arrival times from the start of serving)."""
     seed: int = 0
     restart: bool = True
-    """Restart a unit whose engine died, with backoff (``agent.runtime.vllm.restarts.backoff``)."""
+    """Restart a unit whose engine died, with backoff (``agent.runtime.live.restarts.backoff``)."""
     restart_attempts: int | None = RESTART_ATTEMPTS
     """Restart attempts after a failure before giving up (the unit stays failed until ``recover-unit``); None: no
     limit."""
@@ -87,7 +87,7 @@ class VllmAgentConfig:
     """An engine core that makes no step for this long while its unit has requests is killed and its unit failed
     (``VllmUnit.hang_s``); None: never."""
     pending_timeout_s: float | None = PENDING_TIMEOUT_S
-    """A request no unit took within this long is rejected (``VllmCluster.pending_timeout_s``); None: no limit."""
+    """A request no unit took within this long is rejected (``LiveCluster.pending_timeout_s``); None: no limit."""
 
     @property
     def model_name(self) -> str:
@@ -159,11 +159,11 @@ async def run_agent(
         if len(requests) < len(config.requests):
             print(f"trackside agent: {len(config.requests) - len(requests)} requests longer than the model's "
                   f"{model_config.max_model_len} tokens left out", file=out)
-        cluster = VllmCluster(units, dispatcher, ttft_slo_s=config.ttft_slo_s, tpot_slo_s=config.tpot_slo_s,
+        cluster = LiveCluster(units, dispatcher, ttft_slo_s=config.ttft_slo_s, tpot_slo_s=config.tpot_slo_s,
                               restart_delays=backoff if config.restart else None,
                               restart_attempts=config.restart_attempts,
                               pending_timeout_s=config.pending_timeout_s)
-        node = LiveVllmNode(cluster, policies, requests=requests, vocab=int(model_config.get_vocab_size()),
+        node = LiveClusterNode(cluster, policies, requests=requests, vocab=int(model_config.get_vocab_size()),
                             seed=config.seed)
         served: LiveNode = node
         hub = Hub(served, node_id=node_id, profile=config.model_name, token=token, read_token=read_token,

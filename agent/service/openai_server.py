@@ -3,7 +3,7 @@
 vLLM 0.26.0's app (``vllm serve``'s, built by :mod:`agent.engine.vllm.openai_app`) renders every request: chat
 with the model's chat template, text and token prompts, stop strings, logprobs, ``/tokenize``, ``/v1/models``,
 ``/health``, ``/version``. Its engine client is :class:`~agent.engine.vllm.engine_client.RoutedEngineClient`, whose
-``generate`` queues each request at the :class:`~agent.runtime.vllm.cluster.VllmCluster`'s dispatcher: the
+``generate`` queues each request at the :class:`~agent.runtime.live.cluster.LiveCluster`'s dispatcher: the
 dispatch policy picks the unit, a migration or a failed unit moves it on by recompute, and the telemetry sees it
 like any other request.
 
@@ -44,8 +44,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agent.engine.vllm.engine_client import Routed, RoutedEngineClient
 from agent.engine.vllm.openai_app import build_openai_app, frontend_namespace
 from agent.engine.vllm.unit import VllmUnit
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.requests import ClusterRequest, RequestRejected, RequestStream
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.requests import ClusterRequest, RequestRejected, RequestStream
 from agent.telemetry.client import host_port
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class TracksideMiddleware:
             _ticket.reset(token)
 
 
-def routed_submit(cluster: VllmCluster[VllmUnit]) -> Callable[..., Routed]:
+def routed_submit(cluster: LiveCluster[VllmUnit]) -> Callable[..., Routed]:
     """The engine client's way into the cluster: each tokenized request is queued at the dispatcher with vLLM's
     sampling parameters, and remembered for the HTTP request that made it (its status and headers)."""
 
@@ -170,7 +170,7 @@ def routed_submit(cluster: VllmCluster[VllmUnit]) -> Callable[..., Routed]:
     return submit
 
 
-async def build_app(cluster: VllmCluster[VllmUnit], *, model_name: str | None = None, frontend_args: Sequence[str] = (),
+async def build_app(cluster: LiveCluster[VllmUnit], *, model_name: str | None = None, frontend_args: Sequence[str] = (),
                     metrics: Callable[[], str] | None = None, args: argparse.Namespace | None = None) -> ASGIApp:
     """vLLM's OpenAI app over ``cluster`` (started units), wrapped in :class:`TracksideMiddleware`: what
     :class:`OpenAIServer` serves (see it for the arguments); ``args``: ``frontend_args`` parsed already."""
@@ -230,7 +230,7 @@ class OpenAIServer:
     ``metrics``: the text ``GET /metrics`` serves (the agent's; None keeps vLLM's route).
     """
 
-    def __init__(self, cluster: VllmCluster[VllmUnit], host: str = "127.0.0.1", port: int = 8000, *,
+    def __init__(self, cluster: LiveCluster[VllmUnit], host: str = "127.0.0.1", port: int = 8000, *,
                  model_name: str | None = None, frontend_args: Sequence[str] = (),
                  metrics: Callable[[], str] | None = None, log_level: str = "warning") -> None:
         self.cluster = cluster

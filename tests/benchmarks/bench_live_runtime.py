@@ -9,7 +9,7 @@ KV cache and online step model, as ``trackside bench`` builds them):
 
 1. **sim**: the discrete-event node on simulated time (``trackside bench``'s replay: a step lasts exactly what the
    unit's timer says, dispatch takes no time);
-2. **live**: the live cluster and node that serve vLLM units (``agent.runtime.vllm``: the dispatch desk, the
+2. **live**: the live cluster and node that serve vLLM units (``agent.runtime.live``: the dispatch desk, the
    streams, the observer that feeds the hub), over :class:`~agent.engine.sim_live.SimLiveUnit` s stepping in wall
    time in one asyncio loop.
 
@@ -39,8 +39,8 @@ from agent.engine.base import RequestOutcome
 from agent.engine.profiles import load_profile
 from agent.engine.sim import SimUnit
 from agent.engine.sim_live import SimLiveUnit
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.live import LiveVllmNode
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.node import LiveClusterNode
 from agent.telemetry import DEFAULT_TPOT_METRIC, TpotMetric
 from agent.workload.spec import parse_workload
 from agent.workload.traces import load_trace
@@ -94,10 +94,10 @@ def run_live(config: BenchConfig, work: Sequence[RequestSpec]) -> Run:
         for u in units:
             u.lateness = late
             u.start()
-        cluster = VllmCluster(units, make_dispatch_policy(config.dispatch, dispatch),
+        cluster = LiveCluster(units, make_dispatch_policy(config.dispatch, dispatch),
                               ttft_slo_s=config.ttft_slo_ms / 1e3, tpot_slo_s=config.tpot_slo_ms / 1e3,
                               pending_timeout_s=None)
-        node = LiveVllmNode(cluster, [make_batch_policy(config.batch_policy, batch) for _ in units], requests=work)
+        node = LiveClusterNode(cluster, [make_batch_policy(config.batch_policy, batch) for _ in units], requests=work)
         outcomes: list[RequestOutcome] = []
         node.on_finish = outcomes.append
         done = asyncio.Event()

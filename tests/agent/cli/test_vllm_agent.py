@@ -398,9 +398,9 @@ def test_preemptions_reach_the_stream_under_our_request_ids() -> None:
     from agent.engine.vllm.fake_executor import FakeExecutor
     from agent.engine.vllm.options import EngineOptions
     from agent.engine.vllm.unit import VllmUnit
-    from agent.runtime.vllm.cluster import VllmCluster
-    from agent.runtime.vllm.live import LiveVllmNode
-    from agent.runtime.vllm.requests import ClusterRequest
+    from agent.runtime.live.cluster import LiveCluster
+    from agent.runtime.live.node import LiveClusterNode
+    from agent.runtime.live.requests import ClusterRequest
     from policies.registry import make_batch_policy, make_dispatch_policy
 
     async def go() -> None:
@@ -409,8 +409,8 @@ def test_preemptions_reach_the_stream_under_our_request_ids() -> None:
                         UnitSettings(policy="vllm"), vllm_config=config, executor_class=FakeExecutor)
         unit.start()
         try:
-            cluster = VllmCluster([unit], make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1)
-            node = LiveVllmNode(cluster, [make_batch_policy("vllm")])
+            cluster = LiveCluster([unit], make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1)
+            node = LiveClusterNode(cluster, [make_batch_policy("vllm")])
             preempted: list[str] = []
             outcomes: dict[str, Any] = {}
             node.on_preempt = lambda record, ids: preempted.extend(ids)

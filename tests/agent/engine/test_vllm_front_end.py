@@ -245,7 +245,7 @@ def test_a_failed_sequence_fails_the_parallel_request_and_aborts_the_others() ->
 
 
 def test_the_cluster_stream_hands_over_queued_deltas_and_keeps_its_end() -> None:
-    from agent.runtime.vllm.requests import ClusterRequest, RequestStream
+    from agent.runtime.live.requests import ClusterRequest, RequestStream
 
     async def main() -> None:
         stream = RequestStream(ClusterRequest("r", [1, 2], 3), None, collect=True)  # type: ignore[arg-type]

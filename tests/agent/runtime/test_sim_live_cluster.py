@@ -17,16 +17,16 @@ from agent.engine.live import EngineFailed
 from agent.engine.sim import SimUnit
 from agent.engine.sim_live import WAKE_EARLY_S, SimLiveUnit, token_id
 from agent.engine.vllm.messages import SetParams, SetPolicy
-from agent.runtime.records import MigrationRecord
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.live import LiveVllmNode
-from agent.runtime.vllm.requests import (
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.node import LiveClusterNode
+from agent.runtime.live.requests import (
     ClusterRequest,
     PendingTimeout,
     RequestAborted,
     RequestRejected,
     RequestStream,
 )
+from agent.runtime.records import MigrationRecord
 from agent.workload.types import RequestSpec
 from policies.cost.step_model import StepCoefficients
 from policies.registry import BATCH_POLICIES, make_dispatch_policy
@@ -76,7 +76,7 @@ def test_requests_stream_every_token_and_finish_with_their_outcomes() -> None:
         units = sim_units(2)
         for u in units:
             u.start()
-        async with VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1) as cluster:
+        async with LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1) as cluster:
             streams = [cluster.submit(ClusterRequest(f"r{i}", prompt(50 + 10 * i), 8 + i)) for i in range(6)]
             tokens = await asyncio.gather(*(drain(s) for s in streams))
             outcomes = [await s.wait() for s in streams]
@@ -99,8 +99,8 @@ def test_a_migration_by_recompute_keeps_the_stream_whole(after: int) -> None:
         for u in units:
             u.start()
         policy = MoveOne("m", after)
-        cluster = VllmCluster(units, policy, ttft_slo_s=1.0, tpot_slo_s=0.1)
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
+        cluster = LiveCluster(units, policy, ttft_slo_s=1.0, tpot_slo_s=0.1)
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
         moves: list[MigrationRecord] = []
         node.on_migrate = moves.append
         async with cluster:
@@ -121,9 +121,9 @@ def test_a_killed_engine_loses_no_request_and_restarts() -> None:
         units = sim_units(2)
         for u in units:
             u.start()
-        cluster = VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
+        cluster = LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
                               restart_delays=quick_restarts)
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
         faults: list[tuple[int, str]] = []
         recovered: list[tuple[int, str]] = []
         node.on_fault = lambda uid, why: faults.append((uid, why))
@@ -174,7 +174,7 @@ def test_fail_and_recover_a_unit_on_request() -> None:
         units = sim_units(2)
         for u in units:
             u.start()
-        async with VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0,
+        async with LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0,
                                tpot_slo_s=0.1) as cluster:
             streams = [cluster.submit(ClusterRequest(f"r{i}", prompt(64), 40)) for i in range(8)]
             await until(lambda: bool(units[0].live), "requests on unit 0")
@@ -195,7 +195,7 @@ def test_an_aborted_request_leaves_its_unit() -> None:
     async def main() -> None:
         units = sim_units(1, cost=StepCoefficients(0.02, 0.0, 0.0))
         units[0].start()
-        async with VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1) as cluster:
+        async with LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1) as cluster:
             stream = cluster.submit(ClusterRequest("a", prompt(20), 1000))
             await until(lambda: units[0].live.get("a") is not None and units[0].live["a"].outputs > 2, "tokens")
             assert cluster.abort("a")
@@ -244,9 +244,9 @@ def test_the_nodes_policy_swap_reaches_the_engine_and_survives_a_restart() -> No
     async def main() -> None:
         units = sim_units(1)
         units[0].start()
-        cluster = VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
+        cluster = LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
                               restart_delays=quick_restarts)
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]()])
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]()])
         async with cluster:
             node.units[0].set_policy(BATCH_POLICIES["fairbatching"]())
             settled = await node.settle(5.0)
@@ -264,7 +264,7 @@ def test_a_request_no_unit_takes_is_rejected_after_the_pending_timeout() -> None
     async def main() -> None:
         units = sim_units(1)
         units[0].start()
-        async with VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
+        async with LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
                                pending_timeout_s=0.05) as cluster:
             cluster.fail_unit(0)
             stream = cluster.submit(ClusterRequest("w", prompt(10), 3))
@@ -302,8 +302,8 @@ def test_the_live_node_replays_a_workload_and_reports_it_in_node_time() -> None:
         for u in units:
             u.start()
         work = [RequestSpec(f"q{i:02d}", 0.005 * i, 120, 60) for i in range(24)]
-        cluster = VllmCluster(units, make_dispatch_policy("least_loaded"), ttft_slo_s=1.0, tpot_slo_s=0.1)
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units], requests=work)
+        cluster = LiveCluster(units, make_dispatch_policy("least_loaded"), ttft_slo_s=1.0, tpot_slo_s=0.1)
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units], requests=work)
         finished: list[RequestOutcome] = []
         steps: list[StepRecord] = []
         preempted: list[str] = []
@@ -332,8 +332,8 @@ def test_the_admission_budget_is_consulted_at_dispatch() -> None:
     async def main() -> None:
         units = sim_units(1, "fairbatching+pab", H100_LIKE, num_blocks=20_000)
         units[0].start()
-        cluster = VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=0.5, tpot_slo_s=0.05)
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["fairbatching+pab"]()])
+        cluster = LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=0.5, tpot_slo_s=0.05)
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["fairbatching+pab"]()])
         async with cluster:
             first = cluster.submit(ClusterRequest("warm", prompt(100), 200))
             await until(lambda: units[0].num_steps > 0 and units[0].load().prefill_admission_budget is not None,

@@ -19,10 +19,10 @@ pytest.importorskip("vllm")
 
 from vllm_units import fake_unit, read_all, wait_until
 
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.live import LiveVllmNode
-from agent.runtime.vllm.requests import ClusterRequest
-from agent.runtime.vllm.restarts import backoff
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.node import LiveClusterNode
+from agent.runtime.live.requests import ClusterRequest
+from agent.runtime.live.restarts import backoff
 from agent.service.hub import Hub
 from agent.service.openai_server import build_app
 from agent.telemetry import Alert, AlertCode, RequestMigrated
@@ -39,8 +39,8 @@ def test_killed_engine_core_fails_its_unit_and_its_requests_go_on() -> None:
         units = [fake_unit(i) for i in range(2)]
         for u in units:
             u.start()
-        cluster = VllmCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0)
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
+        cluster = LiveCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0)
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
         hub = Hub(node, node_id="test-node", profile="cpu")
         hub.attach()
         app = await build_app(cluster)
@@ -106,9 +106,9 @@ def test_failed_unit_restarts_with_backoff_and_rejoins() -> None:
         units = [fake_unit(i, tokenizer=True) for i in range(2)]
         for u in units:
             u.start()
-        cluster = VllmCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0,
+        cluster = LiveCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0,
                               restart_delays=lambda: backoff(0.2))
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
         hub = Hub(node, node_id="test-node", profile="cpu")
         hub.attach()
         app = await build_app(cluster)  # its renderer (tokenizer) is unit 0's: the unit that dies here

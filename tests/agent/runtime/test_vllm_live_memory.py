@@ -15,10 +15,10 @@ pytest.importorskip("vllm")
 from vllm_units import fake_unit
 
 from agent.engine.vllm.options import EngineOptions
-from agent.runtime.vllm import live
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.live import LiveVllmNode
-from agent.runtime.vllm.requests import RequestStream
+from agent.runtime.live import node as live_node
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.node import LiveClusterNode
+from agent.runtime.live.requests import RequestStream
 from agent.service.launch import LIVE_HISTORY, VllmAgentConfig, build_units
 from agent.workload.types import RequestSpec
 from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES
@@ -29,14 +29,14 @@ pytestmark = pytest.mark.vllm
 def test_a_replay_lets_go_of_the_streams_that_ended(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the pruning threshold at 4, a replay of 40 short requests one after another holds a handful of streams,
     not 40, and the ended ones are garbage (nothing else keeps them); every request still finishes."""
-    monkeypatch.setattr(live, "REPLAY_PRUNE", 4)
+    monkeypatch.setattr(live_node, "REPLAY_PRUNE", 4)
 
     async def main() -> None:
         units = [fake_unit(0)]
         units[0].start()
-        cluster = VllmCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0)
+        cluster = LiveCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0)
         work = [RequestSpec(f"r{i}", i * 0.03, 16, 4) for i in range(40)]
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]()], requests=work, vocab=1024)
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]()], requests=work, vocab=1024)
         seen: list[weakref.ref[RequestStream]] = []
         submit = cluster.submit
 

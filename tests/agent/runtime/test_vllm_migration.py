@@ -1,4 +1,4 @@
-"""Migration by recompute on vLLM units (``VllmCluster``): whole ``AsyncLLM`` engines on the CPU, fake executor.
+"""Migration by recompute on vLLM units (``LiveCluster``): whole ``AsyncLLM`` engines on the CPU, fake executor.
 
 A migrated request is aborted on its source (its KV freed) and submitted again on its target with the original
 prompt plus its outputs so far as prompt and ``max_tokens`` reduced; its client stream goes on seamlessly.
@@ -22,10 +22,10 @@ from agent.engine.vllm.cpu import cpu_vllm_config
 from agent.engine.vllm.fake_executor import FakeExecutor
 from agent.engine.vllm.options import EngineOptions
 from agent.engine.vllm.unit import VllmUnit
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.node import LiveClusterNode
+from agent.runtime.live.requests import ClusterRequest
 from agent.runtime.records import MigrationRecord
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.live import LiveVllmNode
-from agent.runtime.vllm.requests import ClusterRequest
 from agent.service.hub import Hub
 from agent.telemetry import RequestFinished, RequestMigrated, StageBoundaries
 from agent.workload.types import RequestSpec
@@ -49,8 +49,8 @@ def test_forced_migration_keeps_the_stream_whole(async_scheduling: bool, after: 
         for u in units:
             u.start()
         policy = MoveOne("m", after=after)
-        cluster = VllmCluster(units, policy, ttft_slo_s=1.0, tpot_slo_s=0.1)
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
+        cluster = LiveCluster(units, policy, ttft_slo_s=1.0, tpot_slo_s=0.1)
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
         moves: list[MigrationRecord] = []
         node.on_migrate = moves.append
         firsts: list[str] = []
@@ -188,9 +188,9 @@ def test_live_node_streams_migrations_and_stage_boundaries() -> None:
             u.start()
         cascade = CascadeInfer({"min_partition_samples": 1_000_000, "ema_alpha": 0.0, "rebalance": False})
         cascade.set_stages([0, 300, 131_072], [[0, 1], [2]])
-        cluster = VllmCluster(units, cascade, ttft_slo_s=2.0, tpot_slo_s=0.2)
+        cluster = LiveCluster(units, cascade, ttft_slo_s=2.0, tpot_slo_s=0.2)
         work = [RequestSpec(f"r{i}", i * 0.02, 100 + 20 * i, 300 if i % 2 else 10) for i in range(6)]
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units], requests=work, vocab=1024)
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units], requests=work, vocab=1024)
         hub = Hub(node, node_id="test-node", profile="cpu")
         hub.attach()
         done = asyncio.Event()

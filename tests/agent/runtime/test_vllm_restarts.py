@@ -1,4 +1,4 @@
-"""Restarting failed live units (agent/runtime/vllm/restarts.py): a backoff that gives up. Needs no vLLM."""
+"""Restarting failed live units (agent/runtime/live/restarts.py): a backoff that gives up. Needs no vLLM."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.runtime.vllm.restarts import Restarts, backoff
+from agent.runtime.live.restarts import Restarts, backoff
 
 
 class Unit:

@@ -17,10 +17,10 @@ pytest.importorskip("vllm")
 from vllm_units import fake_unit, read_all, wait_until
 
 from agent.engine.vllm.unit import StallClock, VllmUnit
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.live import LiveVllmNode
-from agent.runtime.vllm.requests import ClusterRequest, PendingTimeout, RequestRejected
-from agent.runtime.vllm.restarts import backoff
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.node import LiveClusterNode
+from agent.runtime.live.requests import ClusterRequest, PendingTimeout, RequestRejected
+from agent.runtime.live.restarts import backoff
 from agent.service.hub import Hub
 from agent.telemetry import Alert, AlertCode, ControlAudit, ErrorReply, FailUnit, OkReply, RecoverUnit, RequestRefused
 from policies.registry import BATCH_POLICIES, DISPATCH_POLICIES
@@ -33,9 +33,9 @@ LONG = 400
 TOKEN = "t0ken"
 
 
-def _node(units: list[VllmUnit], **cluster: object) -> tuple[VllmCluster, LiveVllmNode, Hub]:
-    c = VllmCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0, **cluster)  # type: ignore[arg-type]
-    node = LiveVllmNode(c, [BATCH_POLICIES["vllm"]() for _ in units])
+def _node(units: list[VllmUnit], **cluster: object) -> tuple[LiveCluster, LiveClusterNode, Hub]:
+    c = LiveCluster(units, DISPATCH_POLICIES["round_robin"](), ttft_slo_s=5.0, tpot_slo_s=1.0, **cluster)  # type: ignore[arg-type]
+    node = LiveClusterNode(c, [BATCH_POLICIES["vllm"]() for _ in units])
     hub = Hub(node, node_id="test-node", profile="cpu", token=TOKEN, settle_timeout_s=120.0)
     hub.attach()
     return c, node, hub
@@ -245,7 +245,7 @@ def test_pending_timeout_counts_from_when_a_request_starts_waiting() -> None:
 
     async def main() -> None:
         units = [fake_unit(i) for i in range(2)]
-        cluster = VllmCluster(units, DISPATCH_POLICIES["least_loaded"](), ttft_slo_s=5.0, tpot_slo_s=1.0,
+        cluster = LiveCluster(units, DISPATCH_POLICIES["least_loaded"](), ttft_slo_s=5.0, tpot_slo_s=1.0,
                               clock=lambda: now[0], pending_timeout_s=2.0)
         for uid in (0, 1):
             cluster.fail_unit(uid)

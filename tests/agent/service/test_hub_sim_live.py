@@ -11,8 +11,8 @@ from node_builders import make_unit
 
 from agent.engine.sim import SimUnit
 from agent.engine.sim_live import SimLiveUnit
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.live import LiveVllmNode
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.node import LiveClusterNode
 from agent.service.hub import Hub
 from agent.telemetry import (
     Alert,
@@ -42,10 +42,10 @@ def test_the_stream_of_a_live_node_through_an_engine_death_and_restart() -> None
         units = [SimLiveUnit(maker(i)) for i in range(2)]
         for u in units:
             u.start()
-        cluster = VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
+        cluster = LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
                               restart_delays=lambda: iter([0.02] * 3))
         work = [RequestSpec(f"r{i:02d}", 0.01 * i, 64, 60) for i in range(12)]
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units], requests=work)
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units], requests=work)
         hub = Hub(node, node_id="sim-live", profile="test")
         hub.attach()
         done = asyncio.Event()
@@ -90,8 +90,8 @@ def test_control_changes_through_the_hub_reach_the_engines() -> None:
         units = [SimLiveUnit(maker(i)) for i in range(2)]
         for u in units:
             u.start()
-        cluster = VllmCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1)
-        node = LiveVllmNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
+        cluster = LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1)
+        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
         hub = Hub(node, node_id="sim-live", profile="test", token=TOKEN)
         hub.attach()
         async with cluster:

@@ -39,7 +39,7 @@ from agent.engine.vllm.fake_executor import TOKEN_ID, FakeExecutor
 from agent.engine.vllm.options import EngineOptions
 from agent.engine.vllm.tiny_tokenizer import FAKE_TOKEN_TEXT
 from agent.engine.vllm.unit import VllmUnit
-from agent.runtime.vllm.cluster import VllmCluster
+from agent.runtime.live.cluster import LiveCluster
 from agent.service.openai_server import EmbeddedServer, OpenAIServer
 from policies.base import DispatchPolicy
 from policies.registry import DISPATCH_POLICIES
@@ -74,7 +74,7 @@ class Served:
                             UnitSettings(policy="vllm"), vllm_config=config, executor_class=FakeExecutor)
             unit.start()
             self.units.append(unit)
-        self.cluster = VllmCluster(self.units, DISPATCH_POLICIES["least_loaded"](), ttft_slo_s=0.5, tpot_slo_s=0.05)
+        self.cluster = LiveCluster(self.units, DISPATCH_POLICIES["least_loaded"](), ttft_slo_s=0.5, tpot_slo_s=0.05)
         self.server = OpenAIServer(self.cluster, "127.0.0.1", 0, model_name=MODEL, metrics=self._metrics)
         await self.server.start()
 

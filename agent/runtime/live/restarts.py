@@ -1,6 +1,6 @@
 """Restarting failed vLLM units: after a backoff (a dead engine core), or at once (an operator's ``recover-unit``).
 
-:class:`Restarts` owns the restart tasks of a cluster's units (:mod:`agent.runtime.vllm.cluster`): at most one per
+:class:`Restarts` owns the restart tasks of a cluster's units (:mod:`agent.runtime.live.cluster`): at most one per
 unit, a backoff's delays one after another until a fresh engine starts
 (:meth:`~agent.engine.live.LiveEngine.restart`), then ``rejoin(unit, attempts)``. Each failure gets a fresh
 backoff (``delays``); without one (``--no-restart``) failed units stay failed until an operator recovers them.

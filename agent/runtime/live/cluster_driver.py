@@ -1,4 +1,4 @@
-"""The live cluster (:class:`agent.runtime.vllm.cluster.VllmCluster`) as the dispatch desk drives it: how a placement,
+"""The live cluster (:class:`agent.runtime.live.cluster.LiveCluster`) as the dispatch desk drives it: how a placement,
 a refusal, a rejection and a move are carried out on vLLM units (:class:`~agent.runtime.desk.DeskDriver`)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.runtime.desk import Placement, RejectReason, UnitAccess
-from agent.runtime.vllm.requests import PendingTimeout, RequestRejected
+from agent.runtime.live.requests import PendingTimeout, RequestRejected
 from policies.types import DispatchDecision, Migration, PendingRequest, UnitLoad
 
 if TYPE_CHECKING:
-    from agent.runtime.vllm.cluster import VllmCluster
+    from agent.runtime.live.cluster import LiveCluster
 
 
 class ClusterDriver:
@@ -19,7 +19,7 @@ class ClusterDriver:
 
     __slots__ = ("cluster",)
 
-    def __init__(self, cluster: VllmCluster[Any]) -> None:
+    def __init__(self, cluster: LiveCluster[Any]) -> None:
         self.cluster = cluster
 
     def unit_access(self, unit_id: int) -> UnitAccess:

@@ -1,17 +1,17 @@
 """Live vLLM units as the agent's node: what ``trackside agent --engine vllm`` streams and steers.
 
-:class:`LiveVllmNode` wraps a :class:`~agent.runtime.vllm.cluster.VllmCluster` (the units, the dispatcher and the
+:class:`LiveClusterNode` wraps a :class:`~agent.runtime.live.cluster.LiveCluster` (the units, the dispatcher and the
 queue between them) in the :class:`~agent.runtime.port.LiveNode` protocol, so that the hub, the control plane and the
 metrics serve it exactly as they serve the simulated node: the cluster reports to it
-(:class:`~agent.runtime.vllm.cluster.ClusterObserver`) and it calls the same hooks with the same records.
+(:class:`~agent.runtime.live.cluster.ClusterObserver`) and it calls the same hooks with the same records.
 
-Time base: node time is wall-clock seconds since :attr:`LiveVllmNode.origin_ns` (the agent's start), which the
+Time base: node time is wall-clock seconds since :attr:`LiveClusterNode.origin_ns` (the agent's start), which the
 hub takes as its ``boot_ns``; event times are therefore wall-clock instants, as for the simulated node running
 at speed 1. The units stamp steps and tokens with ``time.time()``; records are moved to node time here.
 
 Control: a unit's batch policy lives in its engine-core process. :class:`LiveUnit` keeps the agent's copy of it
 (what the control plane validates against, what status and audits show), sends every change over the unit's
-control channel, and :meth:`LiveVllmNode.settle` waits for the engine's acknowledgement (an idle engine is asked
+control channel, and :meth:`LiveClusterNode.settle` waits for the engine's acknowledgement (an idle engine is asked
 to look at its channel at once: ``LiveEngine.reply``); a unit that refuses a change gets its copy back. Pause uses
 vLLM's own ``pause_generation(mode="keep")`` (no steps, requests and KV kept); pause, drain and resume also close
 and open the unit to the dispatcher.
@@ -22,12 +22,12 @@ admission budget the engine last reported (``BatchPolicy.refuses_within``), and 
 with ``refused_by`` set; a request its client aborted, or that its engine failed, has no ``request_finished``.
 
 Engine failures: a unit whose engine core died is in mode ``failed`` (``set_unit_mode`` refuses it) and
-:attr:`LiveVllmNode.on_fault` hears of it (the hub's ``unit_failed`` alert); its requests go on elsewhere
-(``VllmCluster``'s evacuation, reported as migrations with reason ``unit_failed``). When the cluster restarts it,
-it is ``active`` again and :attr:`LiveVllmNode.on_recover` hears of it (``unit_restarted``). The control plane fails
-a unit on request the same way (:meth:`LiveVllmNode.fail_unit`: its engine keeps running, and is not restarted) and
-brings it back (:meth:`LiveVllmNode.recover_unit`: at once, or by a restart now when its engine is dead, which
-:meth:`LiveVllmNode.settle` waits for).
+:attr:`LiveClusterNode.on_fault` hears of it (the hub's ``unit_failed`` alert); its requests go on elsewhere
+(``LiveCluster``'s evacuation, reported as migrations with reason ``unit_failed``). When the cluster restarts it,
+it is ``active`` again and :attr:`LiveClusterNode.on_recover` hears of it (``unit_restarted``). The control plane fails
+a unit on request the same way (:meth:`LiveClusterNode.fail_unit`: its engine keeps running, and is not restarted) and
+brings it back (:meth:`LiveClusterNode.recover_unit`: at once, or by a restart now when its engine is dead, which
+:meth:`LiveClusterNode.settle` waits for).
 """
 
 from __future__ import annotations
@@ -44,16 +44,16 @@ import msgspec
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.live import LiveEngine
 from agent.engine.vllm.messages import SetParams, SetPolicy
-from agent.runtime.port import FaultHook, FinishHook, RequestHook, Settled, StepHook
-from agent.runtime.records import DispatchHook, MigrateHook, MigrationRecord, PreemptHook, RequestState
-from agent.runtime.vllm.cluster import VllmCluster
-from agent.runtime.vllm.requests import (
+from agent.runtime.live.cluster import LiveCluster
+from agent.runtime.live.requests import (
     ClusterRequest,
     PendingTimeout,
     RequestAborted,
     RequestRejected,
     RequestStream,
 )
+from agent.runtime.port import FaultHook, FinishHook, RequestHook, Settled, StepHook
+from agent.runtime.records import DispatchHook, MigrateHook, MigrationRecord, PreemptHook, RequestState
 from agent.workload.prompts import prompt_ids
 from agent.workload.types import RequestSpec
 from policies.base import BatchPolicy, DispatchPolicy
@@ -81,7 +81,7 @@ class _Sent:
 class LiveUnit:
     """One vLLM unit as the hub and the control plane see it (:class:`agent.runtime.port.ServedUnit`)."""
 
-    def __init__(self, unit: LiveEngine, policy: BatchPolicy, node: LiveVllmNode) -> None:
+    def __init__(self, unit: LiveEngine, policy: BatchPolicy, node: LiveClusterNode) -> None:
         self.unit = unit
         self._policy = policy
         self._node = node
@@ -146,10 +146,10 @@ class LiveUnit:
         return tuple(out)
 
 
-class LiveVllmNode:
-    """A :class:`VllmCluster` as an :class:`agent.runtime.port.LiveNode` (see the module's docstring)."""
+class LiveClusterNode:
+    """A :class:`LiveCluster` as an :class:`agent.runtime.port.LiveNode` (see the module's docstring)."""
 
-    def __init__(self, cluster: VllmCluster[Any], policies: Sequence[BatchPolicy], *, origin_ns: int | None = None,
+    def __init__(self, cluster: LiveCluster[Any], policies: Sequence[BatchPolicy], *, origin_ns: int | None = None,
                  requests: Sequence[RequestSpec] = (), vocab: int = 32000, seed: int = 0,
                  clock_ns: Callable[[], int] = time.time_ns) -> None:
         if len(policies) != len(cluster.units):
@@ -172,7 +172,7 @@ class LiveVllmNode:
         self.on_dispatch: DispatchHook | None = None
         self.on_preempt: PreemptHook | None = None
         self.on_migrate: MigrateHook | None = None
-        """Each migration by recompute (``VllmCluster``: aborted on its source, re-submitted on its target)."""
+        """Each migration by recompute (``LiveCluster``: aborted on its source, re-submitted on its target)."""
         self.on_fault: FaultHook | None = None
         """A unit's engine core died (``unit_id``, reason)."""
         self.on_recover: FaultHook | None = None
@@ -257,7 +257,7 @@ class LiveVllmNode:
         return old
 
     def fail_unit(self, unit_id: int, reason: str = "") -> int:
-        """Take a unit out as a failure would (``VllmCluster.fail_unit``: its requests go on elsewhere, its engine
+        """Take a unit out as a failure would (``LiveCluster.fail_unit``: its requests go on elsewhere, its engine
         keeps running and is not restarted); a paused engine is resumed (it is empty once its requests are gone). How
         many requests moved; ``ValueError`` when it has failed already."""
         index = self.unit_index(unit_id)
@@ -269,7 +269,7 @@ class LiveVllmNode:
         return self.cluster.fail_unit(unit_id, reason or "failed on request")
 
     def recover_unit(self, unit_id: int) -> None:
-        """Bring a failed unit back (``VllmCluster.recover_unit``): at once when its engine runs, else by a restart
+        """Bring a failed unit back (``LiveCluster.recover_unit``): at once when its engine runs, else by a restart
         now, which :meth:`settle` waits for (a restart that fails is reported there). ``ValueError`` when it has not
         failed."""
         index = self.unit_index(unit_id)

@@ -1,16 +1,17 @@
-"""Live vLLM units behind a trackside dispatcher: the agent's request path, shared by replays and HTTP intake.
+"""Live units (vLLM engine cores, or simulated ones in wall time) behind a trackside dispatcher: the agent's request
+path, shared by replays and HTTP intake.
 
 A submitted request waits at the dispatcher (:class:`~policies.types.PendingRequest`) until the
 :class:`~policies.base.DispatchPolicy` places it on a unit or rejects it. The dispatcher is asked on every
 arrival, at the ``next_check_s`` it asks for, and (when it ``wants_step_reports``) after every step record while
-requests are pending, as in the simulated node. :meth:`VllmCluster.submit` returns a :class:`RequestStream`: an
+requests are pending, as in the simulated node. :meth:`LiveCluster.submit` returns a :class:`RequestStream`: an
 async iterator of the request's :class:`~agent.engine.vllm.unit.TokenDelta` s (or, with ``collect=False``,
 only its outcome). Aborting a request removes it from the pending queue, or cancels it on its unit (vLLM's
 ``AsyncLLM.abort``, which frees its KV blocks).
 
-A unit can be closed to new requests (:meth:`VllmCluster.set_accepting`: the dispatcher sees it unhealthy), and
-the dispatcher swapped (:meth:`VllmCluster.set_dispatcher`). A :class:`ClusterObserver` (the agent's live node,
-``agent.runtime.vllm.live``) hears of every arrival, dispatch decision, placement, rejection, step record, first
+A unit can be closed to new requests (:meth:`LiveCluster.set_accepting`: the dispatcher sees it unhealthy), and
+the dispatcher swapped (:meth:`LiveCluster.set_dispatcher`). A :class:`ClusterObserver` (the agent's live node,
+``agent.runtime.live.node``) hears of every arrival, dispatch decision, placement, rejection, step record, first
 token, finish and abort.
 
 **Migration by recompute** (vLLM 0.26.0 cannot move a live request's KV): a dispatcher that ``needs_requests`` sees
@@ -26,23 +27,23 @@ finished meanwhile (or has no token left to produce), is migrating already, is n
 target is closed to new requests.
 
 **Engine failures**: a unit whose engine core dies (``on_failed``, :class:`~agent.engine.live.LiveEngine`) is marked
-failed (:attr:`VllmCluster.failed`): it is closed and the observer hears of it (``unit_failed``). Its
+failed (:attr:`LiveCluster.failed`): it is closed and the observer hears of it (``unit_failed``). Its
 requests are evacuated: each goes back to the front of the dispatcher's queue with the tokens it produced, and the
 unit the dispatcher places it on gets it by the same recompute path as a migration (reason ``unit_failed``), so its
 stream goes on. With no unit left to take it, a request waits at the dispatcher (or the dispatcher rejects it).
-With ``restart_delays`` (a backoff, :func:`~agent.runtime.vllm.restarts.backoff`), a failed unit is restarted after
+With ``restart_delays`` (a backoff, :func:`~agent.runtime.live.restarts.backoff`), a failed unit is restarted after
 each delay in turn until a fresh engine starts (:meth:`~agent.engine.live.LiveEngine.restart`), at most
 ``restart_attempts`` times (then it stays failed, and the observer hears ``unit_failed`` again with why); it rejoins,
 empty (``unit_restarted``).
 A unit whose engine hangs is killed by its own watchdog and goes the same way.
 
-**On request** (the control plane's ``fail_unit``/``recover_unit``): :meth:`VllmCluster.fail_unit` takes a unit out
+**On request** (the control plane's ``fail_unit``/``recover_unit``): :meth:`LiveCluster.fail_unit` takes a unit out
 exactly as a failure does (closed, ``unit_failed``, its requests evacuated) but leaves its engine running and does
-not restart it; :meth:`VllmCluster.recover_unit` lets it rejoin (``unit_recovered``), or, when its engine is dead
+not restart it; :meth:`LiveCluster.recover_unit` lets it rejoin (``unit_recovered``), or, when its engine is dead
 (it died meanwhile, or a failure's backoff is under way), restarts it now (``unit_restarted``).
 
 **Pending timeout**: a request that waited at the dispatcher ``pending_timeout_s`` (no unit took it: every unit
-failed or closed, or a dispatcher that holds it) is rejected (:class:`~agent.runtime.vllm.requests.PendingTimeout`).
+failed or closed, or a dispatcher that holds it) is rejected (:class:`~agent.runtime.live.requests.PendingTimeout`).
 """
 
 from __future__ import annotations
@@ -58,15 +59,15 @@ from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.live import EngineFailed, LiveEngine
 from agent.engine.vllm.sampling import Sampling, TokenDelta
 from agent.runtime.desk import DispatchDesk
-from agent.runtime.vllm.cluster_driver import ClusterDriver
-from agent.runtime.vllm.requests import (
+from agent.runtime.live.cluster_driver import ClusterDriver
+from agent.runtime.live.requests import (
     ClusterObserver,
     ClusterRequest,
     RequestAborted,
     RequestRejected,
     RequestStream,
 )
-from agent.runtime.vllm.restarts import Restarts
+from agent.runtime.live.restarts import Restarts
 from policies.base import DispatchPolicy
 from policies.types import Migration, PendingRequest
 
@@ -80,7 +81,7 @@ E = TypeVar("E", bound=LiveEngine)
 """The units' engine type (``VllmUnit``, or any :class:`~agent.engine.live.LiveEngine`)."""
 
 
-class VllmCluster(Generic[E]):
+class LiveCluster(Generic[E]):
     """Units, a dispatcher, and the pending queue between them."""
 
     def __init__(self, units: Sequence[E], dispatcher: DispatchPolicy, *, ttft_slo_s: float,
@@ -176,7 +177,7 @@ class VllmCluster(Generic[E]):
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def __aenter__(self) -> VllmCluster[E]:
+    async def __aenter__(self) -> LiveCluster[E]:
         self.start()
         return self
 

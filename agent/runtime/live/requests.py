@@ -1,4 +1,4 @@
-"""A request on its way through the live vLLM cluster (:mod:`agent.runtime.vllm.cluster`): what a client submits
+"""A request on its way through the live vLLM cluster (:mod:`agent.runtime.live.cluster`): what a client submits
 (:class:`ClusterRequest`), the stream it reads back (:class:`RequestStream`: token deltas, the outcome, abort), why
 a stream ends without finishing (:class:`RequestRejected`, :class:`RequestAborted`), and what an observer of the
 cluster hears (:class:`ClusterObserver`).
@@ -18,7 +18,7 @@ from agent.engine.vllm.sampling import Sampling, TokenDelta
 from policies.types import DispatchDecision, PendingRequest, UnitLoad
 
 if TYPE_CHECKING:
-    from agent.runtime.vllm.cluster import VllmCluster
+    from agent.runtime.live.cluster import LiveCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ class PendingTimeout(RequestRejected):
 
 
 class RequestAborted(Exception):
-    """The request was aborted (:meth:`VllmCluster.abort`) before it finished."""
+    """The request was aborted (:meth:`LiveCluster.abort`) before it finished."""
 
 
 _END = object()
@@ -70,7 +70,7 @@ class RequestStream:
     when vLLM failed it (a ``ValueError`` for a request vLLM finds invalid).
     """
 
-    def __init__(self, request: ClusterRequest, cluster: VllmCluster[Any], collect: bool) -> None:
+    def __init__(self, request: ClusterRequest, cluster: LiveCluster[Any], collect: bool) -> None:
         self.request = request
         self.request_id = request.request_id
         self.unit_id: int | None = None
@@ -138,7 +138,7 @@ class RequestStream:
         return self.outcome
 
     def abort(self) -> bool:
-        """End the request wherever it is (see :meth:`VllmCluster.abort`); False if it had already finished."""
+        """End the request wherever it is (see :meth:`LiveCluster.abort`); False if it had already finished."""
         return self._cluster._abort(self)
 
     # -- cluster side -----------------------------------------------------------------------------
@@ -208,4 +208,4 @@ class ClusterObserver(Protocol):
         """A failed unit runs a fresh engine and takes requests again."""
 
     def unit_recovered(self, unit: LiveEngine) -> None:
-        """A unit failed on request (:meth:`VllmCluster.fail_unit`) takes requests again, its engine the same."""
+        """A unit failed on request (:meth:`LiveCluster.fail_unit`) takes requests again, its engine the same."""
