@@ -32,6 +32,7 @@ from agent.runtime.live.restarts import backoff
 from agent.runtime.port import LiveNode
 from agent.service.guard import ConnectionLimits
 from agent.service.hub import Hub
+from agent.service.loop_watch import watch_loop
 from agent.service.server import AgentServer
 from agent.workload.types import RequestSpec
 from policies.params import ParamValue
@@ -183,11 +184,12 @@ async def run_agent(
                 await openai.start()
                 print(f"trackside agent: OpenAI API at {openai.base_url}", file=out, flush=True)
             freeze_startup_heap()  # engines, app and telemetry are up: nothing below traverses them again
+            watcher = asyncio.create_task(watch_loop(hub))  # an alert when this loop limits the node
             waits = [asyncio.create_task(stop.wait())]
             if openai is None:
                 waits.append(asyncio.create_task(server.workload_done.wait()))
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for task in waits:
+            for task in [*waits, watcher]:
                 task.cancel()
             if openai is not None:
                 await openai.stop()

@@ -384,6 +384,10 @@ class AlertCode(enum.StrEnum):
     """A unit failed (``unit_id``; its engine core died): it takes no requests, its own went to other units."""
     UNIT_RESTARTED = "unit_restarted"
     """A failed unit (``unit_id``) runs again (a fresh engine) and takes requests."""
+    EVENT_LOOP_BUSY = "event_loop_busy"
+    """The agent's event loop (on a vLLM node: the OpenAI front end, the dispatch and the telemetry, in one thread)
+    was busy nearly all the time for a while (``warning``): it, not the GPUs, may limit the node. ``info`` when it is
+    no longer (``agent.service.loop_watch``)."""
     RECOMMENDATION = "recommendation"
     """Posted by a client with the control token (``post_alert``: the recorder's advisor): a policy the what-if on the
     last window says would do better, or what the autopilot applied or rolled back."""

@@ -1,0 +1,92 @@
+"""An alert when the agent's event loop is what limits the node (``AlertCode.EVENT_LOOP_BUSY``).
+
+On a vLLM node one event loop runs the OpenAI front end for every unit, the dispatcher and the telemetry; under a
+saturating load it can be busy all the time while the GPUs wait (docs/vllm.md, "One front-end process for the whole
+node"). ``trackside_event_loop_cpu_seconds_total`` shows that on a dashboard; this puts it on the agent's stream,
+where the console shows alerts: a ``warning`` once the loop's thread has been busy at least
+:data:`BUSY_SHARE` of :data:`WINDOW_S` seconds, an ``info`` once it has been busy at most :data:`CLEAR_SHARE` of
+such a window again (the gap between the two keeps a load near the threshold from alerting over and over).
+
+:class:`LoopWatch` decides from readings it is given (pure; tests pass made-up ones); :func:`watch_loop` takes them
+on the loop's own thread (``time.thread_time``: that thread's CPU time) every :data:`INTERVAL_S` and publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Final, Literal
+
+from agent.service.hub import Hub
+from agent.telemetry.events import Alert, AlertCode
+
+BUSY_SHARE: Final = 0.9
+CLEAR_SHARE: Final = 0.7
+WINDOW_S: Final = 10.0
+INTERVAL_S: Final = 1.0
+
+Verdict = Literal["busy", "clear"]
+
+
+class LoopWatch:
+    """Whether the loop's thread has been busy (or no longer is) over the last ``window_s``, from
+    ``(wall seconds, thread CPU seconds)`` readings taken on that thread."""
+
+    def __init__(self, busy_share: float = BUSY_SHARE, clear_share: float = CLEAR_SHARE,
+                 window_s: float = WINDOW_S) -> None:
+        if not 0 < clear_share < busy_share <= 1:
+            raise ValueError("need 0 < clear_share < busy_share <= 1")
+        self.busy_share = busy_share
+        self.clear_share = clear_share
+        self.window_s = window_s
+        self.alerted = False
+        """A ``busy`` verdict was given and no ``clear`` since."""
+        self.share: float | None = None
+        """The busy share over the last full window, once there is one."""
+        self._readings: deque[tuple[float, float]] = deque()
+
+    def observe(self, now_s: float, cpu_s: float) -> Verdict | None:
+        """Take a reading; ``busy`` or ``clear`` when the state changes, else None."""
+        readings = self._readings
+        readings.append((now_s, cpu_s))
+        while len(readings) > 2 and now_s - readings[1][0] >= self.window_s:
+            readings.popleft()  # keep one reading at least a window old
+        then_s, then_cpu = readings[0]
+        if now_s - then_s < self.window_s:
+            return None
+        self.share = share = (cpu_s - then_cpu) / (now_s - then_s)
+        if not self.alerted and share >= self.busy_share:
+            self.alerted = True
+            return "busy"
+        if self.alerted and share <= self.clear_share:
+            self.alerted = False
+            return "clear"
+        return None
+
+
+def alert(hub: Hub, verdict: Verdict, watch: LoopWatch) -> Alert:
+    """The alert for ``verdict``, stamped with the node's time."""
+    share = f"{watch.share or 0.0:.0%}"
+    window = f"{watch.window_s:.0f} s"
+    if verdict == "busy":
+        message = (f"the agent's event loop was {share} busy over the last {window}: the front end, dispatch and "
+                   "telemetry may limit this node before its GPUs do (docs/deploy.md, \"Several agents on one node\")")
+    else:
+        message = f"the agent's event loop is {share} busy over the last {window}, below {watch.clear_share:.0%}"
+    return Alert(node_id=hub.node_id, time_ns=hub.origin.ns(hub.node.now_s), code=AlertCode.EVENT_LOOP_BUSY,
+                 severity="warning" if verdict == "busy" else "info", message=message)
+
+
+async def watch_loop(hub: Hub, watch: LoopWatch | None = None, *, interval_s: float = INTERVAL_S,
+                     clock: Callable[[], float] = time.monotonic,
+                     cpu: Callable[[], float] = time.thread_time) -> None:
+    """Read the loop thread's CPU time every ``interval_s`` until cancelled, publishing on the hub what ``watch``
+    says (run it as a task on the loop it watches)."""
+    watch = watch or LoopWatch()
+    while True:
+        await asyncio.sleep(interval_s)
+        verdict = watch.observe(clock(), cpu())
+        if verdict is not None:
+            hub.publish(alert(hub, verdict, watch))
