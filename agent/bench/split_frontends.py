@@ -69,12 +69,12 @@ def layout(run: Run, args: argparse.Namespace, model: str, agents: int, token_fi
     procs = []
     out: dict[str, Any] = {"agents": agents, "units_per_agent": units}
     try:
-        for i in range(agents):
+        for i in range(agents):  # one after another, as one agent starts its units: engines that start together on
+            # one GPU can disturb each other's memory profiling (vLLM reads the GPU's free memory around its own)
             cmd = agent_cmd(args, model, units, i, token_file)
             run.log(f"{label}: agent {i}: {' '.join(cmd)}")
             procs.append(start(cmd, run.out / f"server-{label}-{i}.log"))
-        for i, proc in enumerate(procs):
-            wait_healthy(f"http://127.0.0.1:{OPENAI_PORT + i}/health", proc, args.start_timeout)
+            wait_healthy(f"http://127.0.0.1:{OPENAI_PORT + i}/health", procs[-1], args.start_timeout)
         run.log(f"{label}: healthy; {agents} bench(es) of {args.prompts // agents} prompts at concurrency "
                 f"{args.concurrency // agents}")
         meters = [CpuMeter(proc.pid) for proc in procs]
