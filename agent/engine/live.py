@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -171,6 +172,69 @@ FinishCallback = Callable[[int, RequestOutcome], None]
 """``(unit_id, outcome)``: a request finished."""
 FailedCallback = Callable[[int, str], None]
 """``(unit_id, reason)``: the unit's engine died (called once, from the event loop)."""
+
+
+class StallClock:
+    """How long an engine has made no progress while it had work; pure (the caller passes the time and what it saw).
+
+    Progress is a new step record, a finished request, or more output tokens for a request it had at the last look
+    (a request that arrived or left is none: a hung engine takes requests into its queue and lets aborts pile up).
+    """
+
+    def __init__(self) -> None:
+        self._counts: tuple[int, int] | None = None
+        self._outputs: dict[str, int] = {}
+        self._since_s: float | None = None
+        self._busy = False
+
+    def stalled_s(self, now_s: float, *, steps: int, finished: int, outputs: dict[str, int], busy: bool) -> float:
+        """Seconds without progress up to ``now_s`` while ``busy`` (0 when idle or just progressed): ``steps`` and
+        ``finished`` count step records and finished requests ever, ``outputs`` the tokens of each request in
+        flight."""
+        last = self._outputs
+        progressed = (steps, finished) != self._counts or any(n > last.get(rid, n) for rid, n in outputs.items())
+        self._counts, self._outputs = (steps, finished), outputs
+        if progressed or not (busy and self._busy) or self._since_s is None:
+            self._since_s = now_s  # the clock runs from the first look at which it had work
+        self._busy = busy
+        return now_s - self._since_s
+
+
+class Watched(Protocol):
+    """What :func:`watchdog` looks at in a live engine."""
+
+    live: dict[str, LiveRequest]
+    failure: str | None
+    paused: bool
+    watch_interval_s: float
+    hang_s: float | None
+    """No progress for this long with requests in flight (and not paused) is a hang; None: never."""
+
+    def check_engine(self) -> str | None: ...
+
+    def progress(self) -> tuple[int, int]:
+        """Step records and finished requests, ever (both only grow)."""
+        ...
+
+
+async def watchdog(unit: Watched, kill_hung: Callable[[float], str], fail: Callable[[str], None],
+                   clock: Callable[[], float] = time.monotonic) -> None:
+    """Look at ``unit`` every ``watch_interval_s`` until it has failed: dead (``check_engine`` says why), or hung (no
+    progress for ``hang_s`` with requests in flight, :class:`StallClock`: ``kill_hung`` ends the engine and says
+    how). ``fail`` records the failure. Every live engine's watchdog (run it as a task)."""
+    stall = StallClock()
+    while unit.failure is None:
+        await asyncio.sleep(unit.watch_interval_s)
+        reason = unit.check_engine()
+        if reason is None and unit.hang_s:
+            steps, finished = unit.progress()
+            stalled_s = stall.stalled_s(clock(), steps=steps, finished=finished,
+                                        outputs={rid: live.outputs for rid, live in unit.live.items()},
+                                        busy=bool(unit.live) and not unit.paused)
+            if stalled_s >= unit.hang_s:
+                reason = kill_hung(stalled_s)
+        if reason is not None:
+            fail(reason)
 
 
 class LiveEngine(Protocol):

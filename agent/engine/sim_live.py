@@ -22,8 +22,11 @@ and keeps it honest: what the cluster needs from an engine is in the protocol, n
 - **Failures**: :meth:`SimLiveUnit.kill` stands for an engine-core process that died: the unit fails (``on_failed``)
   and each of its requests' tasks raises :class:`~agent.engine.live.EngineFailed`. :meth:`SimLiveUnit.restart` builds
   a fresh unit with ``make``.
+- **Hangs**: :meth:`SimLiveUnit.hang` stands for an engine core that is alive but makes no progress. With ``hang_s``
+  set, the unit's watchdog (:func:`~agent.engine.live.watchdog`, the one vLLM units run) finds it after ``hang_s``
+  with requests in flight and kills it (:meth:`SimLiveUnit.kill`).
 
-There is no engine process (``engine_pid`` is None) and no hang watchdog.
+There is no engine process (``engine_pid`` is None).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from agent.engine.live import (
     apply_control,
     build_policy,
     resident_requests,
+    watchdog,
 )
 from agent.engine.sim import SimUnit
 from agent.engine.vllm.messages import ControlReply, ControlRequest
@@ -71,8 +75,13 @@ class SimLiveUnit:
     """A :class:`~agent.engine.sim.SimUnit` stepping on its own (see the module's docstring). ``make`` builds the unit,
     now and at each :meth:`restart`; ``clock`` is the wall clock the cluster uses (seconds)."""
 
-    def __init__(self, make: Callable[[], SimUnit], *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, make: Callable[[], SimUnit], *, clock: Callable[[], float] = time.time,
+                 hang_s: float | None = None, watch_interval_s: float = 0.5) -> None:
         self._make = make
+        self.hang_s = hang_s
+        """No progress for this long with requests in flight (and not paused) is a hang (:meth:`hang`); None: no
+        watchdog."""
+        self.watch_interval_s = watch_interval_s
         self.sim = make()
         self.unit_id = self.sim.unit_id
         self._clock = clock
@@ -88,6 +97,10 @@ class SimLiveUnit:
         self.last_preempted: tuple[str, ...] = ()
         self.num_steps = 0
         """Steps run, over restarts (the step records' ids go on across a restart, as a vLLM unit's do)."""
+        self.num_finished = 0
+        """Requests finished, over restarts."""
+        self.hung = False
+        """:meth:`hang` was called (until :meth:`restart`)."""
         self.late_s = 0.0
         """How much later than its step ended the event loop got to each step's outputs, in all."""
         self.max_late_s = 0.0
@@ -95,6 +108,7 @@ class SimLiveUnit:
         """Set to a list to collect each step's delay (``late_s``'s terms; benchmarks)."""
         self._started = False
         self._stepper: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._dropping: set[str] = set()
         """Requests aborted while part of the step in flight: taken off the unit when it ends."""
@@ -108,19 +122,39 @@ class SimLiveUnit:
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start stepping (inside the running loop)."""
+        """Start stepping (inside the running loop), and the watchdog with ``hang_s``."""
         self._started = True
-        if self._stepper is None and self.failure is None:
-            self._stepper = asyncio.get_running_loop().create_task(self._steps())
+        loop = asyncio.get_running_loop()
+        if self._stepper is None and self.failure is None and not self.hung:
+            self._stepper = loop.create_task(self._steps())
+        if self._watchdog is None and self.hang_s:
+            self._watchdog = loop.create_task(watchdog(self, self._hung_for, self.kill))
 
     async def stop(self) -> None:
         """Stop stepping for good (:meth:`restart` starts afresh); requests still on the unit are left unanswered (the
         cluster aborts them first)."""
         self._started = False
+        tasks = [t for t in (self._stepper, self._watchdog) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._stepper = self._watchdog = None
+
+    def hang(self) -> None:
+        """The engine stops making progress but does not die (a hung engine core): no more steps, no failure until
+        the watchdog (with ``hang_s``) finds it."""
+        self.hung = True
         if self._stepper is not None:
             self._stepper.cancel()
-            await asyncio.gather(self._stepper, return_exceptions=True)
             self._stepper = None
+
+    def _hung_for(self, stalled_s: float) -> str:
+        """The watchdog's kill of a hung engine: why the unit fails."""
+        return f"engine hung: no step for {stalled_s:.1f} s with {len(self.live)} request(s) in flight"
+
+    def progress(self) -> tuple[int, int]:
+        """Steps and finished requests, ever (what the watchdog counts as progress, with tokens)."""
+        return self.num_steps, self.num_finished
 
     async def restart(self) -> None:
         """A fresh unit from ``make`` in place of this one (its requests are forgotten: the cluster moved them)."""
@@ -132,6 +166,7 @@ class SimLiveUnit:
         self._deferred.clear()
         self.failure = None
         self.paused = False
+        self.hung = False
         self.last_preempted = ()
         self._prompt_since_step = 0
         self._step_base = self.num_steps  # the fresh unit counts its steps from 0
@@ -324,6 +359,7 @@ class SimLiveUnit:
                     live.on_output(TokenDelta(ids, "", "length" if done is not None else None))
             if done is not None:
                 outcome = live.outcome(rid, self.unit_id, now)
+                self.num_finished += 1
                 fut.set_result(outcome)
                 if self.on_finish is not None:
                     self.on_finish(self.unit_id, outcome)

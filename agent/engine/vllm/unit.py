@@ -21,8 +21,8 @@ process's sentinel and marks the engine dead; ``AsyncLLM.errored``) and fails ev
 once (:attr:`VllmUnit.on_failed`); a light watchdog (:meth:`VllmUnit.watch`, every ``watch_interval_s``) asks
 ``AsyncLLM.errored`` and the process's exit code too, so that an idle unit's death is seen as well. The watchdog
 also finds a **hung** engine core (alive, but no step, no finish and no new token for ``hang_s`` while the unit
-has requests and is not paused: :class:`StallClock`): it kills the process (SIGKILL) and fails the unit, which then
-goes the way of a dead one.
+has requests and is not paused: :class:`~agent.engine.live.StallClock`): it kills the process (SIGKILL) and fails
+the unit, which then goes the way of a dead one.
 :meth:`VllmUnit.restart` starts a fresh engine in its place (built in a thread: the event loop keeps serving).
 
 What a unit keeps (:attr:`VllmUnit.records`, :attr:`VllmUnit.raw`, :attr:`VllmUnit.outcomes`) is bounded
@@ -57,6 +57,7 @@ from agent.engine.live import (
     LiveRequest,
     StepCallback,
     resident_requests,
+    watchdog,
 )
 from agent.engine.vllm.channel import ControlSender
 from agent.engine.vllm.config import KEY, UnitSettings
@@ -76,32 +77,6 @@ HISTORY = 20_000
 """Step records, raw step messages and outcomes a unit keeps by default (each; the oldest go first)."""
 MAX_UNCLAIMED_REPLIES = 1024
 """Control replies nobody has asked for yet that a unit keeps (the oldest go first)."""
-
-
-class StallClock:
-    """How long an engine has made no progress while it had work; pure (the caller passes the time and what it saw).
-
-    Progress is a new step record, a finished request, or more output tokens for a request it had at the last look
-    (a request that arrived or left is none: a hung engine takes requests into its queue and lets aborts pile up).
-    """
-
-    def __init__(self) -> None:
-        self._counts: tuple[int, int] | None = None
-        self._outputs: dict[str, int] = {}
-        self._since_s: float | None = None
-        self._busy = False
-
-    def stalled_s(self, now_s: float, *, steps: int, finished: int, outputs: dict[str, int], busy: bool) -> float:
-        """Seconds without progress up to ``now_s`` while ``busy`` (0 when idle or just progressed): ``steps`` and
-        ``finished`` count step records and finished requests ever, ``outputs`` the tokens of each request in
-        flight."""
-        last = self._outputs
-        progressed = (steps, finished) != self._counts or any(n > last.get(rid, n) for rid, n in outputs.items())
-        self._counts, self._outputs = (steps, finished), outputs
-        if progressed or not (busy and self._busy) or self._since_s is None:
-            self._since_s = now_s  # the clock runs from the first look at which it had work
-        self._busy = busy
-        return now_s - self._since_s
 
 
 def record_from(msg: StepMessage, step_base: int = 0) -> StepRecord:
@@ -168,8 +143,8 @@ class VllmUnit:
         """Why the engine core is dead (None while it runs)."""
         self.watch_interval_s = WATCH_INTERVAL_S
         self.hang_s = hang_s
-        """An engine core that makes no progress (:class:`StallClock`) for this long while the unit has requests and
-        is not paused is hung: the watchdog kills it (SIGKILL) and fails the unit. None: never."""
+        """An engine core that makes no progress (:class:`~agent.engine.live.StallClock`) for this long while the unit
+        has requests and is not paused is hung: the watchdog kills it (SIGKILL) and fails the unit. None: never."""
         self.paused = False
         """Paused (:meth:`pause`): it makes no steps on purpose, which is no hang."""
         self._watchdog: asyncio.Task[None] | None = None
@@ -330,20 +305,11 @@ class VllmUnit:
     async def watch(self) -> None:
         """The watchdog: look at the engine core every ``watch_interval_s`` until it is found dead, or hung (no
         progress for ``hang_s`` with requests in flight: then it is killed first, :meth:`kill_hung`)."""
-        stall = StallClock()
-        while self.failure is None:
-            await asyncio.sleep(self.watch_interval_s)
-            reason = self.check_engine()
-            if reason is None and self.hang_s:
-                stalled_s = stall.stalled_s(
-                    time.monotonic(), steps=len(self.records), finished=len(self.outcomes),
-                    outputs={rid: live.outputs for rid, live in self.live.items()},
-                    busy=bool(self.live) and not self.paused,
-                )
-                if stalled_s >= self.hang_s:
-                    reason = self.kill_hung(stalled_s)
-            if reason is not None:
-                self._fail(reason)
+        await watchdog(self, self.kill_hung, self._fail)
+
+    def progress(self) -> tuple[int, int]:
+        """Step records and finished requests, ever (what the watchdog counts as progress, with tokens)."""
+        return len(self.records), len(self.outcomes)
 
     def kill_hung(self, stalled_s: float) -> str:
         """Kill the engine-core process (SIGKILL: a stopped or stuck process cannot refuse it); why, for the unit's

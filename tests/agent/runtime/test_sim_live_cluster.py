@@ -116,18 +116,25 @@ def test_a_migration_by_recompute_keeps_the_stream_whole(after: int) -> None:
     run(main)
 
 
+def restarting(units: list[SimLiveUnit]) -> tuple[LiveCluster[SimLiveUnit], LiveClusterNode, list[tuple[int, str]],
+                                                  list[tuple[int, str]]]:
+    """The units started, under ``round_robin`` with quick restarts, with the node's faults and recoveries noted."""
+    for u in units:
+        u.start()
+    cluster = LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
+                          restart_delays=quick_restarts)
+    node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
+    faults: list[tuple[int, str]] = []
+    recovered: list[tuple[int, str]] = []
+    node.on_fault = lambda uid, why: faults.append((uid, why))
+    node.on_recover = lambda uid, how: recovered.append((uid, how))
+    return cluster, node, faults, recovered
+
+
 def test_a_killed_engine_loses_no_request_and_restarts() -> None:
     async def main() -> None:
         units = sim_units(2)
-        for u in units:
-            u.start()
-        cluster = LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0, tpot_slo_s=0.1,
-                              restart_delays=quick_restarts)
-        node = LiveClusterNode(cluster, [BATCH_POLICIES["vllm"]() for _ in units])
-        faults: list[tuple[int, str]] = []
-        recovered: list[tuple[int, str]] = []
-        node.on_fault = lambda uid, why: faults.append((uid, why))
-        node.on_recover = lambda uid, how: recovered.append((uid, how))
+        cluster, node, faults, recovered = restarting(units)
         async with cluster:
             streams = [cluster.submit(ClusterRequest(f"r{i:02d}", prompt(64), 30)) for i in range(40)]
             await until(lambda: any(units[1].live[r].outputs for r in units[1].live), "tokens on unit 1")
@@ -141,6 +148,49 @@ def test_a_killed_engine_loses_no_request_and_restarts() -> None:
         assert faults == [(1, "engine core process 4242 exited with code -9")]
         assert recovered == [(1, "restarted (attempt 1)")]  # no engine process to name
         assert cluster.num_restarts == 1 and not units[1].failed and node.unit_modes == ["active", "active"]
+
+    run(main)
+
+
+def test_a_hung_engine_is_found_killed_and_restarted_and_loses_no_request() -> None:
+    async def main() -> None:
+        units = sim_units(2)
+        units[1].hang_s, units[1].watch_interval_s = 0.2, 0.02
+        cluster, _, faults, _ = restarting(units)
+        async with cluster:
+            streams = [cluster.submit(ClusterRequest(f"r{i:02d}", prompt(64), 30)) for i in range(20)]
+            await until(lambda: any(units[1].live[r].outputs for r in units[1].live), "tokens on unit 1")
+            units[1].hang()  # alive, no progress: nothing fails until the watchdog sees it
+            await asyncio.sleep(0.1)
+            assert not units[1].failed and not faults
+            tokens = await asyncio.gather(*(drain(s) for s in streams))
+            await until(lambda: cluster.num_restarts == 1 and not units[1].failed, "the restart")
+        assert all(t == [token_id(j) for j in range(30)] for t in tokens)  # every request whole, none lost
+        ((uid, why),) = faults
+        assert uid == 1 and why.startswith("engine hung: no step for ") and "request(s) in flight" in why
+        stalled = float(why.removeprefix("engine hung: no step for ").split(" s ")[0])
+        assert 0.2 <= stalled < 2.0
+        assert not units[1].hung and units[1].progress()[0] > 0  # restarted: it steps again
+
+    run(main)
+
+
+def test_an_idle_or_paused_unit_is_no_hang() -> None:
+    async def main() -> None:
+        (unit,) = sim_units(1)
+        unit.hang_s, unit.watch_interval_s = 0.05, 0.01
+        unit.start()
+        unit.hang()  # no requests: nothing to make progress on
+        await asyncio.sleep(0.2)
+        assert not unit.failed
+        task = unit.submit("p", prompt(16), 4, arrival_s=0.0, ttft_slo_s=1.0, tpot_slo_s=0.1)
+        await unit.pause()  # paused on purpose: no progress expected
+        await asyncio.sleep(0.2)
+        assert not unit.failed
+        await unit.resume()  # now a request waits on an engine that makes no progress
+        with pytest.raises(EngineFailed, match="engine hung"):
+            await task
+        await unit.stop()
 
     run(main)
 

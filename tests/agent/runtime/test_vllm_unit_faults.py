@@ -16,7 +16,8 @@ pytest.importorskip("vllm")
 
 from vllm_units import fake_unit, read_all, wait_until
 
-from agent.engine.vllm.unit import StallClock, VllmUnit
+from agent.engine.live import StallClock
+from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.live.cluster import LiveCluster
 from agent.runtime.live.node import LiveClusterNode
 from agent.runtime.live.requests import ClusterRequest, PendingTimeout, RequestRejected
