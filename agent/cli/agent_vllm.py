@@ -8,6 +8,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
              "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager", "gpus",
              "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "no_restart", "engine_hang_s",
-             "pending_timeout_s", "openai_arg", "restart_attempts", "uvloop")
+             "pending_timeout_s", "openai_arg", "restart_attempts", "uvloop", "openai_reuse_port")
 """Flags of ``--engine vllm`` only (a simulated agent refuses them)."""
 SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "instance_size": 0, "migration": "live",
             "speed": 1.0}
@@ -90,9 +91,13 @@ def add_vllm_options(agent: Any) -> None:
     v.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (starts faster, steps slower)")
     v.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM's async scheduling (default on)")
-    v.add_argument("--uvloop", action="store_true",
-                   help="run the agent's event loop on uvloop, as vllm serve runs its API server (default: asyncio's "
-                   "own loop; docs/vllm.md, \"The front end's event loop\")")
+    v.add_argument("--openai-reuse-port", action="store_true",
+                   help="bind --serve-openai's port with SO_REUSEPORT (Linux), so that several agents of one node, "
+                   "each on its own GPUs, share one OpenAI port and the kernel spreads the connections between "
+                   "them (docs/deploy.md, \"Several agents on one node\")")
+    v.add_argument("--uvloop", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the agent's event loop on uvloop, as vllm serve runs its API server (default on; "
+                   "--no-uvloop: asyncio's own loop; docs/vllm.md, \"Issue #14 item 8 with the agent on uvloop\")")
 
 
 def cmd_agent_vllm(args: argparse.Namespace) -> int:
@@ -134,6 +139,11 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     limits = connection_limits(args)
     serve = parse_listen(args.serve_openai, "--serve-openai") if args.serve_openai else None
+    if args.openai_reuse_port and serve is None:
+        raise ServeError("--openai-reuse-port shares --serve-openai's port: give --serve-openai HOST:PORT")
+    if args.openai_reuse_port and (sys.platform != "linux" or not hasattr(socket, "SO_REUSEPORT")):
+        raise ServeError("--openai-reuse-port needs Linux: only its kernel spreads a port's connections between "
+                         "the processes that share it")
     requests: Sequence[RequestSpec] = ()
     if args.trace is not None:
         requests = load_trace(args.trace)
@@ -172,7 +182,7 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         placements=plan.placements, fake_executor=args.fake_executor, coefficients=coefficients,
         ttft_slo_s=args.slo_ttft_ms / 1e3, tpot_slo_s=args.slo_tpot_ms / 1e3, serve_openai=serve,
         served_model_name=args.served_model_name, requests=requests, seed=args.seed, restart=not args.no_restart,
-        openai_args=tuple(args.openai_arg or ()),
+        openai_args=tuple(args.openai_arg or ()), openai_reuse_port=args.openai_reuse_port,
     )
     if args.engine_hang_s is not None:  # 0: no limit
         config = replace(config, engine_hang_s=args.engine_hang_s or None)
@@ -200,7 +210,7 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
     try:
         runner: Callable[[Coroutine[Any, Any, int]], int] = asyncio.run
-        if args.uvloop:  # what vllm serve runs its API server on (vLLM's own dependency)
+        if args.uvloop is not False:  # what vllm serve runs its API server on (vLLM's own dependency)
             import uvloop
 
             runner = uvloop.run
@@ -227,6 +237,8 @@ def dry_run_document(args: argparse.Namespace, plan: dict[str, Any], config: Vll
         "dispatch_params": dict(dispatcher.params), "profile": args.profile, "slo_ttft_ms": args.slo_ttft_ms,
         "slo_tpot_ms": args.slo_tpot_ms, "listen": host_port(*parse_listen(args.listen)),
         "serve_openai": host_port(*serve) if serve else None,
+        "openai_reuse_port": config.openai_reuse_port,
+        "event_loop": "asyncio" if args.uvloop is False else "uvloop",
         "workload": {"trace": str(args.trace) if args.trace else None, "workload": args.workload,
                      "num_requests": len(config.requests)} if config.requests else None,
         "control": args.token_file is not None, "read_token": args.read_token_file is not None,

@@ -76,6 +76,8 @@ class VllmAgentConfig:
     served_model_name: str | None = None
     openai_args: tuple[str, ...] = ()
     """``vllm serve`` front-end options for the OpenAI app as ``KEY=VALUE`` (``chat_template=FILE``...)."""
+    openai_reuse_port: bool = False
+    """Bind the OpenAI port with ``SO_REUSEPORT``: several agents of one node share it (Linux spreads connections)."""
     requests: Sequence[RequestSpec] = field(default_factory=tuple)
     """A workload to replay (arrival times from the start of serving)."""
     seed: int = 0
@@ -180,7 +182,8 @@ async def run_agent(
                 from agent.service.openai_server import OpenAIServer
 
                 openai = OpenAIServer(cluster, *config.serve_openai, model_name=config.model_name,
-                                      frontend_args=frontend_tokens(config.openai_args), metrics=hub.metrics_text)
+                                      frontend_args=frontend_tokens(config.openai_args), metrics=hub.metrics_text,
+                                      reuse_port=config.openai_reuse_port, node_id=node_id)
                 await openai.start()
                 print(f"trackside agent: OpenAI API at {openai.base_url}", file=out, flush=True)
             freeze_startup_heap()  # engines, app and telemetry are up: nothing below traverses them again

@@ -13,7 +13,8 @@ What trackside adds around vLLM's app (:class:`TracksideMiddleware`, plain ASGI)
   with ``Retry-After`` when the admission control of the unit it was placed on refused it (FairBatching+PAB's
   admission budget), 503 with ``Retry-After`` when the dispatcher rejected it or no unit took it in time. For a
   streaming request the response's start is held until its first event, so the status can still change;
-* response headers with where and how the request was served: ``x-trackside-unit`` (the unit it is on when the
+* response headers with where and how the request was served: ``x-trackside-node`` (the agent's node id, where
+  several agents share one port), ``x-trackside-unit`` (the unit it is on when the
   response starts: for a stream, at its first event; a later migration does not change it),
   and on whole responses ``x-trackside-ttft-ms``, ``x-trackside-tpot-ms``, ``x-trackside-slo-met``;
 * ``GET /metrics`` serves the agent's metrics (vLLM's ``vllm:`` names, one ``engine`` label per unit) instead of
@@ -108,9 +109,10 @@ def served_headers(streams: Sequence[RequestStream]) -> list[tuple[bytes, bytes]
 class TracksideMiddleware:
     """Statuses for refused requests and ``x-trackside-*`` headers around vLLM's app (see the module)."""
 
-    def __init__(self, app: ASGIApp, *, retry_after_s: float = 1.0) -> None:
+    def __init__(self, app: ASGIApp, *, retry_after_s: float = 1.0, node_id: str | None = None) -> None:
         self.app = app
         self.retry_after_s = retry_after_s
+        self._node = [(b"x-trackside-node", node_id.encode())] if node_id else []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") not in ROUTED_PATHS:
@@ -136,11 +138,12 @@ class TracksideMiddleware:
                     status, body, retry_s = refused
                     await send({"type": "http.response.start", "status": status, "headers": [
                         (b"content-type", b"application/json"),
-                        (b"retry-after", str(max(1, math.ceil(retry_s))).encode()),
+                        (b"retry-after", str(max(1, math.ceil(retry_s))).encode()), *self._node,
                     ]})
                     await send({"type": "http.response.body", "body": json.dumps(body).encode()})
                     return
-                await send({**start, "headers": [*start.get("headers", []), *served_headers(ticket.streams)]})
+                await send({**start, "headers": [*start.get("headers", []), *self._node,
+                                                 *served_headers(ticket.streams)]})
             await send(message)
 
         try:
@@ -171,7 +174,8 @@ def routed_submit(cluster: LiveCluster[VllmUnit]) -> Callable[..., Routed]:
 
 
 async def build_app(cluster: LiveCluster[VllmUnit], *, model_name: str | None = None, frontend_args: Sequence[str] = (),
-                    metrics: Callable[[], str] | None = None, args: argparse.Namespace | None = None) -> ASGIApp:
+                    metrics: Callable[[], str] | None = None, args: argparse.Namespace | None = None,
+                    node_id: str | None = None) -> ASGIApp:
     """vLLM's OpenAI app over ``cluster`` (started units), wrapped in :class:`TracksideMiddleware`: what
     :class:`OpenAIServer` serves (see it for the arguments); ``args``: ``frontend_args`` parsed already."""
     client = RoutedEngineClient(lambda: [u.llm for u in cluster.units], routed_submit(cluster),
@@ -193,18 +197,28 @@ async def build_app(cluster: LiveCluster[VllmUnit], *, model_name: str | None = 
         app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/metrics"]
         app.add_api_route("/metrics", metrics_route, methods=["GET"], include_in_schema=False)
     app.state.trackside_client = client
-    return TracksideMiddleware(app, retry_after_s=max(1.0, cluster.ttft_slo_s))
+    return TracksideMiddleware(app, retry_after_s=max(1.0, cluster.ttft_slo_s), node_id=node_id)
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
+def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to ``host:port`` for uvicorn to serve on. Made with ``IPPROTO_TCP`` as its protocol, as
     asyncio's own ``create_server`` makes them: asyncio turns Nagle's algorithm off (``TCP_NODELAY``) only on
     connections whose socket says so. A socket made with protocol 0 left Nagle on for every connection, so a small
     write that followed another (the first SSE chunk after the response's headers) could wait for the client's
-    delayed ACK, up to 40 ms on Linux: the TTFT tail of docs/vllm.md (found 2026-11-26)."""
+    delayed ACK, up to 40 ms on Linux: the TTFT tail of docs/vllm.md (found 2026-11-26).
+
+    ``reuse_port``: ``SO_REUSEPORT``, so that other processes of the same user can bind the same address; Linux then
+    spreads incoming connections between the sockets (``--openai-reuse-port``: several agents of one node behind one
+    port)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
@@ -228,11 +242,14 @@ class OpenAIServer:
 
     ``frontend_args``: ``vllm serve`` front-end flags (``--chat-template``, ``--api-key``...), checked by vLLM;
     ``metrics``: the text ``GET /metrics`` serves (the agent's; None keeps vLLM's route).
+    ``reuse_port``: the port may be shared with other agents (``listening_socket``); ``node_id``: the agent's, in
+    each routed response's ``x-trackside-node`` header.
     """
 
     def __init__(self, cluster: LiveCluster[VllmUnit], host: str = "127.0.0.1", port: int = 8000, *,
                  model_name: str | None = None, frontend_args: Sequence[str] = (),
-                 metrics: Callable[[], str] | None = None, log_level: str = "warning") -> None:
+                 metrics: Callable[[], str] | None = None, log_level: str = "warning",
+                 reuse_port: bool = False, node_id: str | None = None) -> None:
         self.cluster = cluster
         self.model_name = model_name or cluster.units[0].options.model
         # Parsed once, here: bad flags fail before the port is bound.
@@ -240,11 +257,12 @@ class OpenAIServer:
         self._metrics = metrics
         self.app: Any = None
         """The ASGI app served (set by :meth:`start`)."""
-        self._sock = listening_socket(host, port)
+        self._sock = listening_socket(host, port, reuse_port)
         self.host = host
         self.port = int(self._sock.getsockname()[1])
         """The bound port (the one the OS chose for ``port=0``)."""
         self._log_level = log_level
+        self._node_id = node_id
         self._server: EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -256,7 +274,7 @@ class OpenAIServer:
         """Serve in the background; returns once the server accepts connections."""
         self.cluster.start()
         self.app = await build_app(self.cluster, model_name=self.model_name, args=self._args,
-                                   metrics=self._metrics)
+                                   metrics=self._metrics, node_id=self._node_id)
         self._server = EmbeddedServer(uvicorn.Config(self.app, log_level=self._log_level, lifespan="off",
                                                      timeout_graceful_shutdown=2))
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))

@@ -43,19 +43,25 @@ def test_both_layouts_put_the_same_units_on_gpu_0(tmp_path: Path, capsys: pytest
         [([0], 0.45)], [([0], 0.45)]]
     assert [(p["node_id"], p["serve_openai"], p["listen"]) for p in split] == [
         ("split-1x0", "127.0.0.1:8300", "127.0.0.1:7800"), ("split-1x1", "127.0.0.1:8301", "127.0.0.1:7801")]
+    args = parser().parse_args(["--units", "2", "--shared-port"])  # one OpenAI port, shared
+    shared = [plan(1, i) for i in range(2)]
+    assert [(p["serve_openai"], p["openai_reuse_port"], p["listen"]) for p in shared] == [
+        ("127.0.0.1:8300", True, "127.0.0.1:7800"), ("127.0.0.1:8300", True, "127.0.0.1:7801")]
 
 
 @pytest.mark.slow
-def test_the_procedure_on_the_fake_executor(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["own-ports", "shared-port"])
+def test_the_procedure_on_the_fake_executor(tmp_path: Path, shared: bool) -> None:
     assert main(["--fake", "--out", str(tmp_path), "--prompts", "40", "--concurrency", "8", "--input-len", "32",
-                 "--output-len", "8"]) == 0
+                 "--output-len", "8", *(["--shared-port"] if shared else [])]) == 0
     result = json.loads((tmp_path / "compare.json").read_text())
     one, two = result["1_agents"], result["2_agents"]
     assert "error" not in one and "error" not in two, (one.get("error"), two.get("error"))
-    assert one["completed"] == two["completed"] == 40 and len(two["benches"]) == 2
+    assert one["completed"] == two["completed"] == 40 and len(two["benches"]) == (1 if shared else 2)
     for layout in (one, two):  # the tokens of all benches over the longest one
         longest = max(b["duration"] for b in layout["benches"])
         assert layout["output_throughput"] == pytest.approx(layout["output_tokens"] / longest, rel=1e-3, abs=0.1)
         assert layout["output_tokens"] >= 40 * 4  # 8 tokens, lengths drawn from 4 to 12 (--range-ratio 0.5)
-    assert all(b["cpu"]["server_us_per_output_token"] > 0 for b in [*one["benches"], *two["benches"]])
+    cpu = [*one["cpu"], *two["cpu"]] if shared else [b["cpu"] for b in [*one["benches"], *two["benches"]]]
+    assert len(cpu) == 3 and all(c["server_us_per_output_token"] > 0 for c in cpu)  # one agent, then two
     assert result["throughput_ratio"] == pytest.approx(two["output_throughput"] / one["output_throughput"], abs=1e-3)

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,12 +59,13 @@ OPENAI_LINE = re.compile(r"^trackside agent: OpenAI API at (http://\S+)")
 class AgentProcess:
     """``trackside agent --engine vllm --fake-executor ...`` as a child process; its URLs read from its stderr."""
 
-    def __init__(self, tmp: Path, *extra: str, token: bool = True, openai_api: bool = True) -> None:
+    def __init__(self, tmp: Path, *extra: str, token: bool = True, openai_api: bool | str = True) -> None:
+        """``openai_api``: serve the OpenAI API on a port of the OS's choosing (True), on this address, or not."""
         self.log = tmp / "agent.log"
         argv = [sys.executable, "-m", "agent.cli", "agent", "--engine", "vllm", "--fake-executor", "--units", "2",
                 "--listen", "127.0.0.1:0", "--node-id", "vllm-test", *extra]
         if openai_api:
-            argv += ["--serve-openai", "127.0.0.1:0"]
+            argv += ["--serve-openai", "127.0.0.1:0" if openai_api is True else openai_api]
         self.token_file = tmp / "token"
         self.token_file.write_text(TOKEN + "\n")
         if token:
@@ -107,8 +109,8 @@ EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "nodes" / "c
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     # The example node config (2 fake-executor units), the command line over it (its own ports, node id, token).
-    # On uvloop's event loop, as vllm serve runs its API server (the other agents of these tests run asyncio's).
-    proc = AgentProcess(tmp_path_factory.mktemp("vllm-agent"), "--config", str(EXAMPLE_CONFIG), "--uvloop")
+    # On uvloop's event loop, as vllm serve runs its API server: the default (one agent below runs asyncio's).
+    proc = AgentProcess(tmp_path_factory.mktemp("vllm-agent"), "--config", str(EXAMPLE_CONFIG))
     assert any(", uvloop event loop" in line for line in proc.lines() if WS_LINE.match(line)), proc.lines()
     try:
         yield proc
@@ -352,8 +354,8 @@ def test_read_only_agent_replays_a_workload_and_records_to_duckdb(tmp_path: Path
                                          "prompt_tokens": 30 + 17 * i % 200, "output_tokens": 4 + 5 * i % 30}) + "\n"
                              for i in range(24)))
     proc = AgentProcess(tmp_path, "--trace", str(trace), "--dispatch", "round_robin", "--batch-policy",
-                        "fairbatching", token=False, openai_api=False)
-    assert any(", asyncio event loop" in line for line in proc.lines() if WS_LINE.match(line))  # the default
+                        "fairbatching", "--no-uvloop", token=False, openai_api=False)
+    assert any(", asyncio event loop" in line for line in proc.lines() if WS_LINE.match(line))  # --no-uvloop
     db = tmp_path / "store.duckdb"
     try:
         async def go() -> None:
@@ -430,3 +432,44 @@ def test_preemptions_reach_the_stream_under_our_request_ids() -> None:
         assert node.num_finished == 4 and not node.states and not node.preemptions
 
     run(go, timeout_s=60)
+
+
+def test_two_agents_share_one_openai_port(tmp_path: Path) -> None:
+    """``--openai-reuse-port``: two agents of one unit each, as on a node whose GPUs are split between agents, serve
+    one OpenAI port. Requests on connections of their own are all answered, the kernel spreads them over both agents
+    (``x-trackside-node``), and each agent's stream counts only the requests it served."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    agents = []
+    try:
+        for i in range(2):  # one after the other, as their engines would start on one GPU
+            (tmp_path / f"agent{i}").mkdir()
+            agents.append(AgentProcess(tmp_path / f"agent{i}", "--units", "1", "--node-id", f"shared-{i}",
+                                       "--openai-reuse-port", openai_api=address))
+        assert agents[0].openai_url == agents[1].openai_url == f"http://{address}/v1"
+
+        async def go() -> dict[str, set[str]]:
+            async def one(k: int) -> tuple[str, str]:
+                async with httpx.AsyncClient(timeout=60) as http:  # a connection of its own
+                    r = await http.post(f"http://{address}/v1/completions", headers={"X-Request-Id": f"s{k}"}, json={
+                        "model": MODEL, "prompt": [5 + k, 6, 7], "max_tokens": 4, "ignore_eos": True})
+                    assert r.status_code == 200, r.text
+                    assert r.json()["usage"]["completion_tokens"] == 4
+                    return str(r.headers["x-trackside-node"]), engine_id(f"s{k}")
+
+            served = await asyncio.gather(*(one(k) for k in range(24)))
+            by_node = {node: {rid for n, rid in served if n == node} for node, _ in served}
+            for i, agent in enumerate(agents):  # each agent's own stream: the requests it answered, no others
+                mine = by_node.get(f"shared-{i}", set())
+                async with Watch(agent.ws_url) as watch:
+                    await wait_for(lambda w=watch, m=mine: w.finished(sorted(m)), what=f"agent {i}'s finishes")
+                    assert {e.request_id for e in watch.of(RequestFinished)} == mine
+            return by_node
+
+        by_node = run(go)
+        assert set(by_node) == {"shared-0", "shared-1"}, by_node
+        assert sum(map(len, by_node.values())) == 24
+    finally:
+        for agent in agents:
+            assert agent.stop() == 0, agent.log.read_text()[-4000:]

@@ -276,3 +276,18 @@ def test_restart_attempts_from_a_flag_and_a_config_file(tmp_path: Path, capsys: 
     path.write_text("restart_attempts = 3\n")
     assert dry_run(capsys, "--config", str(path))["restart_attempts"] == 3
     assert error_of(capsys, "--restart-attempts", "-2") == "--restart-attempts must be >= 0 (0: no limit)"
+
+
+def test_the_event_loop_and_a_shared_openai_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """uvloop unless ``--no-uvloop`` (or ``uvloop = false``); ``--openai-reuse-port`` only with an OpenAI port."""
+    plan = dry_run(capsys)
+    assert (plan["event_loop"], plan["openai_reuse_port"]) == ("uvloop", False)
+    assert dry_run(capsys, "--no-uvloop")["event_loop"] == "asyncio"
+    path = tmp_path / "node.toml"
+    path.write_text("uvloop = false\nopenai_reuse_port = true\n")
+    plan = dry_run(capsys, "--config", str(path))
+    assert (plan["event_loop"], plan["openai_reuse_port"]) == ("asyncio", True)
+    assert dry_run(capsys, "--config", str(path), "--uvloop")["event_loop"] == "uvloop"  # the command line wins
+    assert main(["agent", "--engine", "vllm", "--model", MODEL, "--workload", "sharegpt-like:n=4",
+                 "--openai-reuse-port", "--dry-run"]) == 2
+    assert "--openai-reuse-port shares --serve-openai's port" in capsys.readouterr().err
