@@ -219,8 +219,8 @@ def test_several_agents_on_one_node(tmp_path: Path) -> None:
         plans.append(plan)
         text = text[text.index("{\n") + end:]
     assert [[u["gpus"] for u in p["units"]] for p in plans] == [[[2 * i], [2 * i + 1]] for i in range(4)]
-    assert [(p["node_id"], p["serve_openai"], p["listen"]) for p in plans] == [
-        (f"gpu-node-7-{i}", f"127.0.0.1:{8000 + i}", f"127.0.0.1:{7700 + i}") for i in range(4)]
+    assert [(p["node_id"], p["serve_openai"], p["openai_reuse_port"], p["listen"]) for p in plans] == [
+        (f"gpu-node-7-{i}", "127.0.0.1:8000", True, f"127.0.0.1:{7700 + i}") for i in range(4)]
     (template,) = [b for b in blocks(("sh",)) if "trackside-agent@.service" in b]
     sed = template.replace("\\\n", " ").split(" | sudo tee ")[0]  # the sed of the unit file, as the guide has it
     unit = subprocess.run(["bash", "-c", moved(sed, {"/opt/trackside/src/": f"{ROOT}/"})], capture_output=True,
