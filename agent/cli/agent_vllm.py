@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
              "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager", "gpus",
              "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "no_restart", "engine_hang_s",
-             "pending_timeout_s", "openai_arg", "restart_attempts", "uvloop", "openai_reuse_port")
+             "pending_timeout_s", "openai_arg", "restart_attempts", "uvloop", "openai_reuse_port", "agents")
 """Flags of ``--engine vllm`` only (a simulated agent refuses them)."""
 SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "instance_size": 0, "migration": "live",
             "speed": 1.0}
@@ -91,6 +91,10 @@ def add_vllm_options(agent: Any) -> None:
     v.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (starts faster, steps slower)")
     v.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM's async scheduling (default on)")
+    v.add_argument("--agents", type=int, metavar="N",
+                   help="run the node as N agents of units/N each, one process each, on one shared OpenAI port "
+                   "(node ids NODE-i, telemetry ports PORT+i; restarted if they exit; docs/deploy.md, \"Several "
+                   "agents on one node\"): one agent's front end is one process")
     v.add_argument("--openai-reuse-port", action="store_true",
                    help="bind --serve-openai's port with SO_REUSEPORT (Linux), so that several agents of one node, "
                    "each on its own GPUs, share one OpenAI port and the kernel spreads the connections between "
@@ -176,6 +180,14 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         plan = resolve(request)
     except PlanError as exc:
         raise ServeError(str(exc)) from None
+    if args.agents is not None and args.agents != 1:
+        if args.agents < 1:
+            raise ServeError("--agents must be >= 1")
+        from agent.cli import agent_group
+        from agent.cli.main import main
+
+        argvs = agent_group.child_argvs(args, plan)
+        return agent_group.dry_run(argvs, main) if args.dry_run else agent_group.run_group(argvs)
     config = VllmAgentConfig(
         units=len(plan.units), batch_policy=args.batch_policy, batch_params=batch_params, dispatch=args.dispatch,
         dispatch_params=dispatch_params, engine=plan.units[0].engine, unit_engines=plan.engines,

@@ -531,6 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trackside agent: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     args = parser.parse_args(args_list)
+    args.argv = args_list  # as given, the config file expanded (trackside agent --agents starts its agents with it)
     if args.command in PLUGIN_COMMANDS:
         load_policy_plugins()
     console = Console()

@@ -171,7 +171,7 @@ def run_dry(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, ob
     assert main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     plan, _ = json.JSONDecoder().raw_decode(out[out.index("{\n"):])
-    assert isinstance(plan, dict) and plan["units"]
+    assert isinstance(plan, dict) and all(one["units"] for one in plan.get("agents", [plan]))
     return plan
 
 
@@ -181,11 +181,15 @@ def test_the_dry_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkey
     monkeypatch.chdir(ROOT)
     paths = node_paths(tmp_path)
     dry = [line for line in doc_commands() if line.split()[-1] == "--dry-run"]
-    assert len(dry) >= 2
+    assert len(dry) >= 3 and any("--agents" in line for line in dry)
     for line in dry:
         _, argv = split(line, paths)
         plan = run_dry(capsys, argv)
-        assert plan["control"] is ("--token-file" in argv)
+        for one in plan.get("agents", [plan]):  # --agents N: each agent's plan
+            assert one["control"] is ("--token-file" in argv)
+        if "--agents" in argv:  # the 8-GPU example as four agents of two GPUs on one OpenAI port
+            assert [([u["gpus"] for u in a["units"]], a["listen"], a["serve_openai"]) for a in plan["agents"]] == [
+                ([[2 * i], [2 * i + 1]], f"127.0.0.1:{7700 + i}", "127.0.0.1:8000") for i in range(4)]
     # The unit's own command line, as the guide checks it, and with the guide's TLS lines in the config.
     _, argv = split(unit_exec_starts()[0], paths)
     plan = run_dry(capsys, [*argv, "--dry-run"])

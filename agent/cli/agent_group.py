@@ -1,0 +1,202 @@
+"""``trackside agent --engine vllm --agents N``: one command for several agents on one node.
+
+One agent's front end is one process: one event loop streams every unit's tokens, and on an H100 it saturated at
+about 24,000 output tokens a second where two agents streamed a third more (``docs/vllm.md``, "GPU run: one front end
+against two"). ``--agents N`` splits the node's units into ``N`` agents of ``units / N`` each, every one a child
+process that is a whole agent of its own (its units, dispatcher, telemetry and control), with
+
+* its share of the GPUs (``--gpus``: consecutive units, as the node resolved them) and the same memory share per unit;
+* node id ``NODE-i`` and telemetry port ``PORT + i`` (``--listen``; port 0 stays 0: the OS picks);
+* the one OpenAI port, shared (``--openai-reuse-port``: Linux spreads the connections between the agents).
+
+The children start one after another (units sharing a GPU measure its free memory while they start), their output
+comes through this process's stderr, and one that exits without being asked is started again with backoff (1 s,
+doubling up to 60 s; back to 1 s once it has run a minute). SIGTERM or SIGINT stops them all. ``--dry-run`` prints
+``{"agents": [...]}``, each child's own dry-run document. What it costs is in ``docs/deploy.md``, "Several agents on
+one node": each agent's dispatcher sees only its own units.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from agent.cli.common import ServeError, parse_listen
+from agent.telemetry.client import host_port
+
+READY = "trackside agent: OpenAI API at "
+"""The line an agent prints once its OpenAI port takes requests."""
+BACKOFF_S = (1.0, 60.0)
+"""A child that exited is started again after the first delay, doubling up to the second."""
+STEADY_S = 60.0
+"""A child that ran this long before it exited starts again after the shortest delay."""
+STOP_TIMEOUT_S = 60.0
+"""How long a stop waits for the children before it kills them (under systemd, before its own 90 s,
+``TimeoutStopSec`` of ``examples/deploy/trackside-agent.service``)."""
+
+
+def child_argvs(args: argparse.Namespace, plan: Any) -> list[list[str]]:
+    """Each child's ``trackside agent`` arguments: the node's own (``args.argv``, the config file expanded), then
+    what makes it one agent of ``--agents``. Raises :class:`ServeError` for a node that cannot be split."""
+    n = int(args.agents)
+    units = list(plan.units)
+    if args.serve_openai is None or args.workload is not None or args.trace is not None:
+        raise ServeError("--agents splits the node's OpenAI intake: give --serve-openai HOST:PORT and no "
+                         "--workload/--trace (a replay runs in one agent)")
+    if len(units) % n:
+        raise ServeError(f"--agents {n}: the node has {len(units)} units, not a multiple of {n}")
+    if any(a.unit_id is not None for u in units for a in u.args):
+        raise ServeError("--agents: per-unit engine arguments ([unit.N], --engine-arg N:KEY=VALUE) name units of "
+                         "the whole node; give each agent its own config instead (docs/deploy.md, section 8)")
+    shares = {u.placement.gpu_memory_utilization for u in units}
+    host, port = parse_listen(args.listen)
+    per = len(units) // n
+    base = list(args.argv)
+    out = []
+    for i in range(n):
+        mine = units[i * per:(i + 1) * per]
+        argv = [*base, "--agents", "1", "--units", str(per), "--node-id", f"{args.node_id}-{i}",
+                "--listen", host_port(host, port + i if port else 0), "--openai-reuse-port"]
+        if plan.gpu_ids is not None:
+            gpus = sorted({g for u in mine for g in u.placement.gpu_ids})
+            argv += ["--gpus", ",".join(map(str, gpus))]
+        if not plan.fake_executor and len(shares) == 1:  # the node's share per unit, also where a GPU is shared
+            argv += ["--gpu-memory-utilization", str(shares.pop())]
+        out.append(argv)
+    return out
+
+
+def dry_run(argvs: Sequence[Sequence[str]], main: Callable[[Sequence[str]], int]) -> int:
+    """Print ``{"agents": [...]}``: each child's own ``--dry-run`` document."""
+    docs = []
+    for argv in argvs:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            code = main(list(argv))
+        if code != 0:
+            return code
+        text = buffer.getvalue()
+        doc, _ = json.JSONDecoder().raw_decode(text[text.index("{\n"):])
+        docs.append(doc)
+    print(json.dumps({"agents": docs}, indent=2))
+    return 0
+
+
+@dataclass
+class Child:
+    """One agent of the group: its arguments, its process and what its output said."""
+
+    argv: list[str]
+    proc: subprocess.Popen[str] | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    started_at: float = 0.0
+    delay_s: float = BACKOFF_S[0]
+    due_at: float | None = None
+    """When to start it again (None: running, or not to start)."""
+
+    def start(self, err: IO[str]) -> None:
+        self.ready.clear()
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", *self.argv], stdin=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        threading.Thread(target=self._pump, args=(self.proc, err), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen[str], err: IO[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith(READY):
+                self.ready.set()
+            err.write(line)
+            err.flush()
+
+
+def _die_with_parent() -> None:
+    """In the child before it runs: SIGTERM when the group's process dies (``prctl(PR_SET_PDEATHSIG)``), so that
+    no agent outlives a group killed with SIGKILL."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+
+
+def run_group(argvs: Sequence[Sequence[str]], *, err: IO[str] | None = None) -> int:
+    """Start the children one after another, keep them running, stop them all on SIGTERM/SIGINT; 0 when every child
+    stopped cleanly."""
+    out = err or sys.stderr
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    children = [Child(list(argv)) for argv in argvs]
+    try:
+        for i, child in enumerate(children):
+            child.start(out)
+            while not child.ready.wait(0.2):
+                assert child.proc is not None
+                if stop.is_set():
+                    return _stop(children, out)
+                if child.proc.poll() is not None:
+                    print(f"trackside agent group: agent {i} exited with code {child.proc.returncode} before it "
+                          "served; stopping the others", file=out, flush=True)
+                    _stop(children, out)
+                    return 1
+        print(f"trackside agent group: {len(children)} agents serve one OpenAI port", file=out, flush=True)
+        while not stop.wait(0.2):
+            _keep(children, out)
+        return _stop(children, out)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _keep(children: Sequence[Child], out: IO[str]) -> None:
+    """Start again, with backoff, a child that exited without being asked."""
+    now = time.monotonic()
+    for i, child in enumerate(children):
+        if child.due_at is not None:
+            if now >= child.due_at:
+                child.due_at = None
+                print(f"trackside agent group: starting agent {i} again", file=out, flush=True)
+                child.start(out)
+            continue
+        assert child.proc is not None
+        code = child.proc.poll()
+        if code is None:
+            continue
+        if now - child.started_at >= STEADY_S:
+            child.delay_s = BACKOFF_S[0]
+        child.due_at = now + child.delay_s
+        print(f"trackside agent group: agent {i} exited with code {code}: starting it again in "
+              f"{child.delay_s:.0f} s", file=out, flush=True)
+        child.delay_s = min(child.delay_s * 2, BACKOFF_S[1])
+
+
+def _stop(children: Sequence[Child], out: IO[str]) -> int:
+    """SIGTERM to every running child, SIGKILL to any still running after :data:`STOP_TIMEOUT_S`; 0 when all exited
+    with 0."""
+    running = [c.proc for c in children if c.proc is not None and c.proc.poll() is None]
+    for proc in running:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    worst = 0
+    for proc in running:
+        try:
+            code = proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+        worst = worst or (0 if code == 0 else 1)
+    print(f"trackside agent group: stopped ({len(running)} agents)", file=out, flush=True)
+    return worst
