@@ -7,11 +7,16 @@ process that is a whole agent of its own (its units, dispatcher, telemetry and c
 
 * its share of the GPUs (``--gpus``: consecutive units, as the node resolved them) and the same memory share per unit;
 * node id ``NODE-i`` and telemetry port ``PORT + i`` (``--listen``; port 0 stays 0: the OS picks);
-* the one OpenAI port, shared (``--openai-reuse-port``: Linux spreads the connections between the agents).
+* the one OpenAI port, shared (``--openai-reuse-port``: Linux spreads the connections between the agents);
+* its units' own engine arguments (``[unit.N]``, ``--engine-arg N:KEY=VALUE``) under their numbers in the agent.
+
+Before anything starts, each agent's plan is resolved here as its own ``--dry-run`` would, and must give its units
+what the node's plan gave them (GPUs, parallel sizes, memory shares, every engine argument).
 
 The children start one after another (units sharing a GPU measure its free memory while they start), their output
 comes through this process's stderr, and one that exits without being asked is started again with backoff (1 s,
-doubling up to 60 s; back to 1 s once it has run a minute). SIGTERM or SIGINT stops them all. ``--dry-run`` prints
+doubling up to 60 s; back to 1 s once it has run a minute), after what it left running (its engine cores, when it was
+killed) is killed too. SIGTERM or SIGINT stops them all. ``--dry-run`` prints
 ``{"agents": [...]}``, each child's own dry-run document. What it costs is in ``docs/deploy.md``, "Several agents on
 one node": each agent's dispatcher sees only its own units.
 """
@@ -23,6 +28,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,6 +43,8 @@ from agent.telemetry.client import host_port
 
 READY = "trackside agent: OpenAI API at "
 """The line an agent prints once its OpenAI port takes requests."""
+TELEMETRY = re.compile(r"^trackside agent \S+: (wss?://\S+) ")
+"""The line an agent prints once its telemetry listens (its URL)."""
 BACKOFF_S = (1.0, 60.0)
 """A child that exited is started again after the first delay, doubling up to the second."""
 STEADY_S = 60.0
@@ -44,6 +52,37 @@ STEADY_S = 60.0
 STOP_TIMEOUT_S = 60.0
 """How long a stop waits for the children before it kills them (under systemd, before its own 90 s,
 ``TimeoutStopSec`` of ``examples/deploy/trackside-agent.service``)."""
+
+
+def split_unit_args(argv: Sequence[str]) -> tuple[list[str], list[tuple[int, str]]]:
+    """``argv`` (the config file expanded) without ``--config FILE`` and its per-unit engine arguments, and those as
+    (unit, ``KEY=VALUE``): a child that read the file again would get the node's unit numbers back."""
+    rest: list[str] = []
+    units: list[tuple[int, str]] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        value = None
+        if word == "--config" and i + 1 < len(argv):
+            i += 2
+            continue
+        if word.startswith("--config="):
+            i += 1
+            continue
+        if word == "--engine-arg" and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        elif word.startswith("--engine-arg="):
+            value, i = word.partition("=")[2], i + 1
+        else:
+            rest.append(word)
+            i += 1
+            continue
+        unit, colon, item = value.partition(":")
+        if colon and unit.isdigit() and "=" not in unit:
+            units.append((int(unit), item))
+        else:
+            rest += ["--engine-arg", value]
+    return rest, units
 
 
 def child_argvs(args: argparse.Namespace, plan: Any) -> list[list[str]]:
@@ -56,18 +95,18 @@ def child_argvs(args: argparse.Namespace, plan: Any) -> list[list[str]]:
                          "--workload/--trace (a replay runs in one agent)")
     if len(units) % n:
         raise ServeError(f"--agents {n}: the node has {len(units)} units, not a multiple of {n}")
-    if any(a.unit_id is not None for u in units for a in u.args):
-        raise ServeError("--agents: per-unit engine arguments ([unit.N], --engine-arg N:KEY=VALUE) name units of "
-                         "the whole node; give each agent its own config instead (docs/deploy.md, section 8)")
     shares = {u.placement.gpu_memory_utilization for u in units}
     host, port = parse_listen(args.listen)
     per = len(units) // n
-    base = list(args.argv)
+    base, unit_args = split_unit_args(args.argv)
     out = []
     for i in range(n):
         mine = units[i * per:(i + 1) * per]
         argv = [*base, "--agents", "1", "--units", str(per), "--node-id", f"{args.node_id}-{i}",
                 "--listen", host_port(host, port + i if port else 0), "--openai-reuse-port"]
+        for unit, item in unit_args:  # renumbered: the agent's unit j is the node's unit i * per + j
+            if i * per <= unit < (i + 1) * per:
+                argv += ["--engine-arg", f"{unit - i * per}:{item}"]
         if plan.gpu_ids is not None:
             gpus = sorted({g for u in mine for g in u.placement.gpu_ids})
             argv += ["--gpus", ",".join(map(str, gpus))]
@@ -77,20 +116,28 @@ def child_argvs(args: argparse.Namespace, plan: Any) -> list[list[str]]:
     return out
 
 
-def dry_run(argvs: Sequence[Sequence[str]], main: Callable[[Sequence[str]], int]) -> int:
-    """Print ``{"agents": [...]}``: each child's own ``--dry-run`` document."""
+def child_plans(argvs: Sequence[Sequence[str]], node_units: Sequence[dict[str, Any]],
+                main: Callable[[Sequence[str]], int]) -> list[dict[str, Any]]:
+    """Each child's ``--dry-run`` document, resolved in this process; raises :class:`ServeError` where a child's
+    units differ from the node's units it takes (``node_units``: the node's plan, as ``--dry-run`` shows it)."""
     docs = []
-    for argv in argvs:
-        buffer = io.StringIO()
-        with contextlib.redirect_stdout(buffer):
-            code = main(list(argv))
+    per = len(node_units) // len(argvs)
+    for i, argv in enumerate(argvs):
+        buffer, errors = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(errors):
+            code = main([*argv, "--dry-run"])
         if code != 0:
-            return code
+            raise ServeError(f"--agents: agent {i} does not resolve: {errors.getvalue().strip()}")
         text = buffer.getvalue()
         doc, _ = json.JSONDecoder().raw_decode(text[text.index("{\n"):])
+        for j, (got, want) in enumerate(zip(doc["units"], node_units[i * per:(i + 1) * per], strict=True)):
+            got, want = ({k: v for k, v in u.items() if k != "unit"} for u in (got, want))
+            if got != want:
+                diff = sorted(k for k in {*got, *want} if got.get(k) != want.get(k))
+                raise ServeError(f"--agents: agent {i}'s unit {j} would not be the node's unit {i * per + j} "
+                                 f"(it differs in {', '.join(diff)})")
         docs.append(doc)
-    print(json.dumps({"agents": docs}, indent=2))
-    return 0
+    return docs
 
 
 @dataclass
@@ -100,6 +147,10 @@ class Child:
     argv: list[str]
     proc: subprocess.Popen[str] | None = None
     ready: threading.Event = field(default_factory=threading.Event)
+    telemetry: str = ""
+    """Its telemetry's URL, once it said."""
+    openai: str = ""
+    """Its OpenAI API's URL, once it said."""
     started_at: float = 0.0
     delay_s: float = BACKOFF_S[0]
     due_at: float | None = None
@@ -116,7 +167,10 @@ class Child:
     def _pump(self, proc: subprocess.Popen[str], err: IO[str]) -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
+            if m := TELEMETRY.match(line):
+                self.telemetry = m.group(1)
             if line.startswith(READY):
+                self.openai = line[len(READY):].strip()
                 self.ready.set()
             err.write(line)
             err.flush()
@@ -150,7 +204,8 @@ def run_group(argvs: Sequence[Sequence[str]], *, err: IO[str] | None = None) -> 
                           "served; stopping the others", file=out, flush=True)
                     _stop(children, out)
                     return 1
-        print(f"trackside agent group: {len(children)} agents serve one OpenAI port", file=out, flush=True)
+        print(f"trackside agent group: {len(children)} agents serve one OpenAI port, {children[0].openai}; "
+              f"their telemetry: {' '.join(c.telemetry for c in children)}", file=out, flush=True)
         while not stop.wait(0.2):
             _keep(children, out)
         return _stop(children, out)
@@ -173,12 +228,21 @@ def _keep(children: Sequence[Child], out: IO[str]) -> None:
         code = child.proc.poll()
         if code is None:
             continue
+        _sweep(child.proc)
         if now - child.started_at >= STEADY_S:
             child.delay_s = BACKOFF_S[0]
         child.due_at = now + child.delay_s
         print(f"trackside agent group: agent {i} exited with code {code}: starting it again in "
               f"{child.delay_s:.0f} s", file=out, flush=True)
         child.delay_s = min(child.delay_s * 2, BACKOFF_S[1])
+
+
+def _sweep(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL what is left of an agent that exited: its engine cores, left behind by an agent that was killed, would
+    keep their GPU memory from the agent started in its place. Each agent leads a process group of its own, and its
+    engine cores are in it (the group's id cannot be reused while any of them lives)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _stop(children: Sequence[Child], out: IO[str]) -> int:
@@ -194,9 +258,9 @@ def _stop(children: Sequence[Child], out: IO[str]) -> int:
         try:
             code = proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            _sweep(proc)
             code = proc.wait()
+        _sweep(proc)
         worst = worst or (0 if code == 0 else 1)
     print(f"trackside agent group: stopped ({len(running)} agents)", file=out, flush=True)
     return worst

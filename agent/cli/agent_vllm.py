@@ -187,7 +187,11 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         from agent.cli.main import main
 
         argvs = agent_group.child_argvs(args, plan)
-        return agent_group.dry_run(argvs, main) if args.dry_run else agent_group.run_group(argvs)
+        docs = agent_group.child_plans(argvs, plan_json(plan)["units"], main)
+        if args.dry_run:
+            print(json.dumps({"agents": docs}, indent=2))
+            return 0
+        return agent_group.run_group(argvs)
     config = VllmAgentConfig(
         units=len(plan.units), batch_policy=args.batch_policy, batch_params=batch_params, dispatch=args.dispatch,
         dispatch_params=dispatch_params, engine=plan.units[0].engine, unit_engines=plan.engines,

@@ -4,9 +4,11 @@ answering, one killed and started again, all stopped by one SIGTERM."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,9 +25,13 @@ pytest.importorskip("vllm")
 import httpx
 import psutil
 
+from agent.cli import agent_group
+from agent.cli.common import ServeError
 from agent.cli.main import main
 
 pytestmark = pytest.mark.vllm
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "nodes"
 
 MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
                 "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -63,13 +69,39 @@ def test_a_node_of_eight_gpus_as_four_agents(tmp_path: Path, capsys: pytest.Capt
 @pytest.mark.parametrize(("argv", "message"), [
     (["--units", "3", "--agents", "2"], "the node has 3 units, not a multiple of 2"),
     (["--units", "2", "--agents", "0"], "--agents must be >= 1"),
-    (["--units", "2", "--agents", "2", "--engine-arg", "1:max_num_seqs=8"], "per-unit engine arguments"),
     (["--units", "2", "--agents", "2", "--workload", "sharegpt-like:n=4"], "--agents splits the node's OpenAI"),
 ])
 def test_what_cannot_be_split(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     assert main(["agent", "--engine", "vllm", "--fake-executor", "--serve-openai", "127.0.0.1:0", *argv,
                  "--dry-run"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_units_of_their_own_keep_their_settings_under_the_agents_numbers(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The example of two units sharing GPU 0, unit 1 with fewer sequences ([unit.1]), as two agents of one unit:
+    agent 1's unit 0 is the node's unit 1, its own setting and its share of GPU 0 with it."""
+    agents = group_plan(capsys, "--config", str(EXAMPLES / "gpu0-shared-two-1b.toml"), "--agents", "2")
+    assert [[(u["gpus"], u["gpu_memory_utilization"], u["engine_args"]["max_num_seqs"]) for u in a["units"]]
+            for a in agents] == [[([0], 0.45, 512)], [([0], 0.45, 128)]]
+
+
+def test_an_agent_that_would_not_run_the_nodes_units_is_refused(tmp_path: Path) -> None:
+    """The check before anything starts: each agent's plan, resolved on its own, against the node's."""
+    (tmp_path / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    argv = ["agent", "--engine", "vllm", "--model", str(tmp_path), "--gpus", "0-3", "--serve-openai", ":0"]
+    args = argparse.Namespace(agents=2, serve_openai=":0", workload=None, trace=None, listen="127.0.0.1:7700",
+                              node_id="n", argv=argv)
+    from agent.engine.vllm.plan import NodeRequest, plan_json, resolve
+
+    plan = resolve(NodeRequest(model=str(tmp_path), gpus="0-3", model_max_len=131_072, tokenizer=True))
+    argvs = agent_group.child_argvs(args, plan)
+    node = plan_json(plan)["units"]
+    assert len(agent_group.child_plans(argvs, node, main)) == 2  # as resolved: the same units
+    node[3] = {**node[3], "gpu_memory_utilization": 0.5}
+    with pytest.raises(ServeError, match=re.escape("agent 1's unit 1 would not be the node's unit 3 (it differs in "
+                                                   "gpu_memory_utilization)")):
+        agent_group.child_plans(argvs, node, main)
 
 
 class Group:
@@ -126,12 +158,18 @@ def test_two_agents_of_one_unit_each_behind_one_port(tmp_path: Path) -> None:
     group = Group(tmp_path, address)
     try:
         group.wait_line("2 agents serve one OpenAI port")
+        (ready,) = [line for line in group.lines if "2 agents serve one OpenAI port" in line]
+        assert f"http://{address}/v1; their telemetry: ws://127.0.0.1:" in ready and ready.count("ws://") == 2
         assert sum("OpenAI API at" in line for line in group.lines) == 2
         assert set(answered_by(address, 16)) == {"grp-0", "grp-1"}
         first = group.agents()
         assert len(first) == 2
+        cores = first[0].children(recursive=True)  # its engine core
+        assert cores
         os.kill(first[0].pid, signal.SIGKILL)  # an agent dies: the group starts it again
         group.wait_line("exited with code -9: starting it again in 1 s")
+        psutil.wait_procs(cores, timeout=10)  # and kills what it left: an engine core holds its GPU memory
+        assert not [p.pid for p in cores if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         group.wait_line("trackside agent: OpenAI API at", count=3)
         assert set(answered_by(address, 16)) == {"grp-0", "grp-1"}
         assert len(group.agents()) == 2 and first[1].is_running()
