@@ -95,7 +95,7 @@ def child_argvs(args: argparse.Namespace, plan: Any) -> list[list[str]]:
                          "--workload/--trace (a replay runs in one agent)")
     if len(units) % n:
         raise ServeError(f"--agents {n}: the node has {len(units)} units, not a multiple of {n}")
-    shares = {u.placement.gpu_memory_utilization for u in units}
+    shares = sorted({u.placement.gpu_memory_utilization for u in units})
     host, port = parse_listen(args.listen)
     per = len(units) // n
     base, unit_args = split_unit_args(args.argv)
@@ -111,7 +111,7 @@ def child_argvs(args: argparse.Namespace, plan: Any) -> list[list[str]]:
             gpus = sorted({g for u in mine for g in u.placement.gpu_ids})
             argv += ["--gpus", ",".join(map(str, gpus))]
         if not plan.fake_executor and len(shares) == 1:  # the node's share per unit, also where a GPU is shared
-            argv += ["--gpu-memory-utilization", str(shares.pop())]
+            argv += ["--gpu-memory-utilization", str(shares[0])]
         out.append(argv)
     return out
 

@@ -64,6 +64,9 @@ def test_a_node_of_eight_gpus_as_four_agents(tmp_path: Path, capsys: pytest.Capt
                         "0.4", "--agents", "2", "--listen", "127.0.0.1:0")
     assert [[(u["gpus"], u["gpu_memory_utilization"]) for u in a["units"]] for a in shared] == [[([0], 0.4)]] * 2
     assert [a["listen"] for a in shared] == ["127.0.0.1:0"] * 2  # the OS picks each one's port
+    # no --gpus: the units split vLLM's default device (0.45 each), and so do the agents
+    default = group_plan(capsys, "--model", str(tmp_path), "--units", "2", "--agents", "2")
+    assert [[(u["gpus"], u["gpu_memory_utilization"]) for u in a["units"]] for a in default] == [[([0], 0.45)]] * 2
 
 
 @pytest.mark.parametrize(("argv", "message"), [
