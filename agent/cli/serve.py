@@ -582,6 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trackside agent: error: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    args.argv = argv  # as given, the config file expanded (trackside agent --agents starts its agents with it)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "agent":
         load_policy_plugins()
