@@ -72,7 +72,8 @@ def alert(hub: Hub, verdict: Verdict, watch: LoopWatch) -> Alert:
     window = f"{watch.window_s:.0f} s"
     if verdict == "busy":
         message = (f"the agent's event loop was {share} busy over the last {window}: the front end, dispatch and "
-                   "telemetry may limit this node before its GPUs do (docs/deploy.md, \"Several agents on one node\")")
+                   "telemetry may limit this node before its GPUs do: run its units as several agents (--agents N; "
+                   "docs/deploy.md, \"Several agents on one node\")")
     else:
         message = f"the agent's event loop is {share} busy over the last {window}, below {watch.clear_share:.0%}"
     return Alert(node_id=hub.node_id, time_ns=hub.origin.ns(hub.node.now_s), code=AlertCode.EVENT_LOOP_BUSY,

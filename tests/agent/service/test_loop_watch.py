@@ -64,3 +64,4 @@ def test_the_alert_reaches_the_stream() -> None:
     asyncio.run(main())
     (alert,) = [e for e in hub.replay.since(0).events if isinstance(e, Alert)]
     assert alert.code == AlertCode.EVENT_LOOP_BUSY and alert.severity == "warning" and "95% busy" in alert.message
+    assert "--agents N" in alert.message  # what to do about it
