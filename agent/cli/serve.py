@@ -27,6 +27,7 @@ from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
 from agent.cli.agent_vllm import VLLM_ONLY, add_vllm_options, cmd_agent_vllm
 from agent.cli.common import ServeError, agent_tokens, csv_items, load_policy_plugins, parse_listen
 from agent.cli.connections import add_connection_options, connection_limits
+from agent.cli.ctl import EXIT_ERROR_REPLY, EXIT_UNREACHABLE, ctl_many, render_reply, split_uris
 from agent.cli.node_config import NodeConfigError, expand_node_config
 from agent.engine.profiles import load_profile
 from agent.runtime.node import Node
@@ -34,7 +35,6 @@ from agent.service.guard import ConnectionLimits
 from agent.service.hub import Hub
 from agent.service.server import AgentServer, server_ssl_context
 from agent.telemetry import (
-    ControlAudit,
     ControlRequest,
     DrainUnit,
     DryRun,
@@ -43,9 +43,7 @@ from agent.telemetry import (
     FailUnit,
     ListPolicies,
     NodeHello,
-    OkReply,
     PauseUnit,
-    PolicyList,
     RecoverUnit,
     Reply,
     ResumeUnit,
@@ -53,7 +51,6 @@ from agent.telemetry import (
     SetDispatchPolicy,
     SetParams,
     Status,
-    StatusInfo,
 )
 from agent.telemetry.client import (
     AgentError,
@@ -74,8 +71,6 @@ if TYPE_CHECKING:
     from agent.cli.advisor import Advisor, AdvisorSettings
     from store.recorder import EventWriter
 
-EXIT_ERROR_REPLY = 2
-EXIT_UNREACHABLE = 1
 RECORDER_MEMORY_LIMIT = "128MB"
 """What ``trackside record`` lets DuckDB keep in memory by default (docs/benchmarks.md, "A live agent's memory")."""
 log = logging.getLogger("trackside")
@@ -101,7 +96,9 @@ def add_serve_commands(sub: Any) -> None:
     add_agent_arguments(agent)
 
     ctl = sub.add_parser("ctl", help="send one control request to an agent and print the reply")
-    ctl.add_argument("uri", help="ws://HOST:PORT or wss://HOST:PORT (IPv6: ws://[::1]:7700)")
+    ctl.add_argument("uri", help="ws://HOST:PORT or wss://HOST:PORT (IPv6: ws://[::1]:7700); several agents "
+                     "(the agents of one node): URI,URI,... (a change is applied only if every agent accepts it in "
+                     "a dry run first)")
     ctl.add_argument("--token-file", type=Path,
                      help="the agent's control token; for status and policies its read token does too")
     add_ca_file_option(ctl)
@@ -369,6 +366,9 @@ def cmd_ctl(args: argparse.Namespace, console: object = None) -> int:
     token = read_token(args.token_file)
     ssl_context = client_ssl_context(args.ca_file)
     request = ctl_request(args)
+    uris = split_uris(args.uri)
+    if len(uris) != 1:  # several agents (trackside agent --agents N): a change everywhere or nowhere
+        return ctl_many(uris, token, request, ssl_context, as_json=args.json, call=_call, unreachable=unreachable)
     try:
         reply = asyncio.run(_call(args.uri, token, request, ssl_context))
     except (OSError, TimeoutError, WebSocketException) as exc:
@@ -387,35 +387,6 @@ def cmd_ctl(args: argparse.Namespace, console: object = None) -> int:
 async def _call(uri: str, token: str, request: ControlRequest, ssl_context: ssl.SSLContext | None = None) -> Reply:
     async with open_session(uri, token=token, ssl_context=ssl_context) as session:
         return await session.call(request)
-
-
-def render_reply(reply: OkReply) -> str:
-    payload = reply.payload
-    if isinstance(payload, StatusInfo):
-        lines = [f"node {payload.node_id}: dispatch {payload.dispatch_policy} {_params(payload.dispatch_params)}",
-                 f"stream: seq {payload.last_seq} (buffered from {payload.oldest_seq}), "
-                 f"{payload.num_subscribers} subscribers"
-                 + (f" ({payload.num_slow_dropped} closed for not reading)" if payload.num_slow_dropped else "")]
-        for u in payload.units:
-            lines.append(f"  unit {u.unit_id} [{u.mode}] {u.batch_policy} {_params(u.batch_params)} "
-                         f"running {u.num_running} waiting {u.num_waiting}")
-        return "\n".join(lines)
-    if isinstance(payload, PolicyList):
-        return "\n".join(["batch policies:", *(f"  {p.name}: {p.summary}" for p in payload.batch_policies),
-                          "dispatch policies:", *(f"  {p.name}: {p.summary}" for p in payload.dispatch_policies)])
-    if not isinstance(payload, ControlAudit):
-        return "ok"
-    targets = []
-    for setting in payload.new:
-        where = "dispatcher" if setting.unit_id is None else f"unit {setting.unit_id}"
-        what = " ".join(x for x in (setting.policy, _params(setting.params), setting.mode or "") if x)
-        targets.append(f"{where}: {what}")
-    return f"{payload.result}: {payload.action}: " + "; ".join(targets) + (f" ({payload.message})" if payload.message
-                                                                             else "")
-
-
-def _params(params: dict[str, Any]) -> str:
-    return "(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else ""
 
 
 # -- record -------------------------------------------------------------------------------------------------

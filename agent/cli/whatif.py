@@ -375,7 +375,7 @@ def render_whatif(console: Console, report: dict[str, Any]) -> None:
 # -- --apply ------------------------------------------------------------------------------------------------------
 def apply_recommendation(args: argparse.Namespace, rec: dict[str, Any], running: BenchConfig, console: Console) -> int:
     """Send the recommendation: each change's dry run, then (confirmed, or ``--yes``) the changes themselves."""
-    from agent.cli.serve import EXIT_UNREACHABLE, render_reply
+    from agent.cli.ctl import EXIT_UNREACHABLE, render_reply
     from agent.telemetry import DryRun, ErrorReply, SetBatchPolicy, SetDispatchPolicy
     from agent.telemetry.client import client_ssl_context, read_token, unreachable
 

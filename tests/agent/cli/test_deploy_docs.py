@@ -288,7 +288,7 @@ def test_recorder_unit_sql_prune_ctl_and_console(tmp_path: Path) -> None:
         assert recorder.wait(timeout=30) == 0
         assert (tmp_path / "telemetry.duckdb").is_file()
         for line in doc_commands():
-            if " console ws://" in line or " ctl ws://127.0.0.1:7700" in line:
+            if " console ws://" in line or " ctl ws://127.0.0.1:7700 " in line:  # one agent (several: section 8)
                 done = run(line, paths, tmp_path, *(headless(line) if " console " in line else ()))
                 assert done.returncode == 0, (line, done.stderr)
     cp = next(line for line in shell_lines() if "cp /var/lib/trackside/telemetry.duckdb" in line)
