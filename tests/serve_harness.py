@@ -27,10 +27,11 @@ T = TypeVar("T")
 def make_hub(
     *, units: int = 4, workload: str = "poisson:n=400,rate=40", batch_policy: str = "vllm",
     dispatch: str = "least_loaded", replay_capacity: int = 65536, max_queued: int = 4096, token: str = TOKEN,
+    node_id: str = "test-node",
 ) -> Hub:
     config = BenchConfig(units=units, batch_policy=batch_policy, dispatch=dispatch)
     node = make_node(config, parse_workload(workload, seed=1))
-    return Hub(node, node_id="test-node", profile=config.profile, token=token, replay_capacity=replay_capacity,
+    return Hub(node, node_id=node_id, profile=config.profile, token=token, replay_capacity=replay_capacity,
                max_queued=max_queued)
 
 

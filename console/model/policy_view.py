@@ -191,6 +191,14 @@ class PolicyChange:
     params: dict[str, ParamValue] = field(default_factory=dict)
     unit_ids: tuple[int, ...] = ()
     """The units (batch); empty: every unit of the node."""
+    also: tuple[str, ...] = ()
+    """Other nodes that get the same change (the agents of one node run with ``--agents N``, or a fleet): it is
+    applied only if every node accepts it in a dry run."""
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node the change goes to, the edited one first."""
+        return (self.node_id, *self.also)
 
     def request(self) -> PolicyRequest:
         if self.swap and self.kind == "dispatch":
@@ -203,9 +211,9 @@ class PolicyChange:
         """``node-a u1: vllm -> sarathi``, ``node-a dispatch: waiting_weight=2.0``."""
         where = "dispatch" if self.kind == "dispatch" else _units(self.unit_ids)
         what = f"-> {self.policy}" if self.swap else ""
-        return " ".join(
-            x for x in (f"{self.node_id} {where}:", what, params_text(self.params) if self.params else "") if x
-        )
+        nodes = self.node_id + (f" and {len(self.also)} more node{'s' if len(self.also) > 1 else ''}" if self.also
+                                else "")
+        return " ".join(x for x in (f"{nodes} {where}:", what, params_text(self.params) if self.params else "") if x)
 
 
 def _units(unit_ids: tuple[int, ...]) -> str:
@@ -219,10 +227,12 @@ def build_change(
     texts: Mapping[str, str],
     *,
     every_unit: bool = False,
+    also: Iterable[str] = (),
 ) -> PolicyChange:
     """The change the edit form describes: ``policy`` chosen for the target (a swap when it is not the current one)
     and ``texts`` typed per parameter. A swap carries the values that differ from the new policy's defaults; a
-    parameter change those that differ from the current values. Raises ValueError when nothing would change."""
+    parameter change those that differ from the current values; ``also``: other nodes that get the same change.
+    Raises ValueError when nothing would change."""
     kind: TargetKind = "dispatch" if unit_id is None else "batch"
     current, values = current_of(node, unit_id)
     schema = find_schema(schemas_of(node, kind), policy)
@@ -240,7 +250,7 @@ def build_change(
     if not swap and not changed:
         raise ValueError("nothing to change: the policy and every parameter are as they are now")
     units = () if unit_id is None or every_unit else (unit_id,)
-    return PolicyChange(node.node_id, kind, policy, swap, changed, units)
+    return PolicyChange(node.node_id, kind, policy, swap, changed, units, tuple(also))
 
 
 def _where(setting: Setting) -> str:

@@ -4,7 +4,9 @@ editing with a dry run and a confirmation, pause / drain / resume, and the audit
 Control flow (STYLE examples 8-10): an action opens a modal (the edit form, or a ``ConfirmScreen``); its answer
 starts a worker that sends one request over :func:`console.control.send_control` and posts
 :class:`PoliciesScreen.ControlReplied`; the handler shows the reply and, after a dry run, asks for confirmation
-with the agent's diff before the change itself is sent. The applied change comes back as an ``audit`` event on
+with the agent's diff before the change itself is sent. An edit for every node (the form's "the same on every
+node": the agents of a node run with ``--agents N``) goes to each node at once, dry runs first, and is applied only
+if every node accepted it (:class:`PoliciesScreen.GroupReplied`). The applied change comes back as an ``audit`` event on
 the feed, which updates the table and the audit log. Every control action is greyed out (``check_action``) in
 ``--read-only``, in a replay, without a token, for a node that is not connected, and while a request is in
 flight; a line above the table says why.
@@ -12,6 +14,7 @@ flight; a line above the table says why.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -109,6 +112,13 @@ class PoliciesScreen(StateScreen):
 
         result: ControlResult
         change: PolicyChange | None = None
+
+    @dataclass
+    class GroupReplied(Message):
+        """Every node of a change for several nodes answered (``results`` in the order of ``change.nodes``)."""
+
+        results: list[ControlResult]
+        change: PolicyChange
 
     def __init__(self) -> None:
         super().__init__()
@@ -227,13 +237,18 @@ class PoliciesScreen(StateScreen):
         row, node = self._selected()
         if row is None or node is None or not self._allowed_now("edit", ()):
             return
-        self.app.push_screen(PolicyEditScreen(node, row.unit_id), self._edited)
+        nodes = self._state.nodes.values() if self._state else ()
+        others = [n.node_id for n in nodes if n.node_id != node.node_id and n.source and not self.refusal(n)]
+        self.app.push_screen(PolicyEditScreen(node, row.unit_id, others), self._edited)
 
     def _edited(self, change: PolicyChange | None) -> None:
         if change is None:
             self._say("edit cancelled: nothing sent", error=False)
             return
         self._say(f"dry run: {change.describe()} ...", error=False)
+        if change.also:
+            self._send_group(change, dry_run=True)
+            return
         self._send(change.node_id, DryRun(change=change.request()), change)
 
     def propose(self, change: PolicyChange) -> None:
@@ -294,6 +309,53 @@ class PoliciesScreen(StateScreen):
 
         self.run_worker(control(), name=f"control {node_id}", group="control", exit_on_error=False)
 
+    def _send_group(self, change: PolicyChange, *, dry_run: bool) -> None:
+        """Send ``change`` (or its dry run) to each of its nodes at once, in a worker; the answers arrive together as
+        :class:`GroupReplied`."""
+        nodes = [self._state.nodes.get(n) if self._state else None for n in change.nodes]
+        lost = [n for n, node in zip(change.nodes, nodes, strict=True)
+                if node is None or node.source is None or self.refusal(node) is not None]
+        if lost:
+            self._say(f"not sent to any node: no connection to {', '.join(lost)}", error=True)
+            return
+        app = self.app
+        token, ssl_context = (app.token, app.ssl_context) if isinstance(app, ControlHost) else ("", None)
+        request: ControlRequest = DryRun(change=change.request()) if dry_run else change.request()
+        uris = [node.source for node in nodes if node is not None and node.source is not None]
+        self.in_flight = True
+        self._show_selection()
+
+        async def control() -> None:
+            results = await asyncio.gather(*(send_control(uri, token, request, ssl_context=ssl_context)
+                                             for uri in uris))
+            self.post_message(self.GroupReplied(list(results), change))
+
+        self.run_worker(control(), name=f"control {len(uris)} nodes", group="control", exit_on_error=False)
+
+    def on_policies_screen_group_replied(self, message: GroupReplied) -> None:
+        results, change = message.results, message.change
+        self.in_flight = False
+        self.last_result = results[0]
+        self._show_selection()
+        failed = [(node, r) for node, r in zip(change.nodes, results, strict=True) if not r.ok]
+        if results[0].is_dry_run:
+            if failed:
+                why = "; ".join(f"{node}: {r.code}: {r.message}" for node, r in failed)
+                self._say(f"dry run refused by {why}: nothing sent to any node", error=True)
+                return
+            lines = []
+            for node, r in zip(change.nodes, results, strict=True):
+                lines += [f"{node}: {line}" for line in (diff_lines(r.audit) if r.audit else ["(no diff)"])]
+            self._say(f"dry run: {change.describe()}: confirm to apply", error=False)
+            self.app.push_screen(ConfirmScreen(f"Apply to {len(change.nodes)} nodes?", lines),
+                                 self._confirmed(change))
+            return
+        if failed:
+            why = "; ".join(f"{node}: {r.describe()}" for node, r in failed)
+            self._say(f"applied on {len(results) - len(failed)} of {len(results)} nodes; {why}", error=True)
+        else:
+            self._say(f"applied on {len(results)} nodes: {change.describe()}", error=False)
+
     def on_policies_screen_control_replied(self, message: ControlReplied) -> None:
         result, change = message.result, message.change
         self.in_flight = False
@@ -317,7 +379,10 @@ class PoliciesScreen(StateScreen):
         def answered(yes: bool | None) -> None:
             if yes:
                 self._say(f"applying: {change.describe()} ...", error=False)
-                self._send(change.node_id, change.request(), None)
+                if change.also:
+                    self._send_group(change, dry_run=False)
+                else:
+                    self._send(change.node_id, change.request(), None)
             else:
                 self._say("cancelled: nothing applied", error=False)
 

@@ -4,6 +4,7 @@ from here: the Policies screen asks the agent for a dry run, then for confirmati
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -41,10 +42,12 @@ class PolicyEditScreen(ModalScreen[PolicyChange | None]):
         Binding("escape", "cancel", "Cancel", id="policy_edit.cancel", tooltip="Close the form: nothing is sent"),
     ]
 
-    def __init__(self, node: NodeInfo, unit_id: int | None) -> None:
+    def __init__(self, node: NodeInfo, unit_id: int | None, others: Sequence[str] = ()) -> None:
         super().__init__()
         self.node = node
         self.unit_id = unit_id
+        self.others = tuple(others)
+        """The other nodes the console can control: offered as "the same on every node"."""
         self.kind: TargetKind = "dispatch" if unit_id is None else "batch"
         self.current_policy, self.current_params = current_of(node, unit_id)
         self.inputs: dict[str, Input] = {}
@@ -70,6 +73,9 @@ class PolicyEditScreen(ModalScreen[PolicyChange | None]):
             yield Static(id="edit-summary", markup=False)
             if self.unit_id is not None:
                 yield Checkbox(f"every unit of {self.node.node_id}", id="edit-every-unit")
+            if self.others:
+                more = ", ".join(self.others[:3]) + (", ..." if len(self.others) > 3 else "")
+                yield Checkbox(f"the same on every node ({len(self.others)} more: {more})", id="edit-every-node")
             yield VerticalScroll(id="edit-params")
             yield Static(id="edit-error", markup=False)
             with Horizontal(classes="dialog-buttons"):
@@ -134,9 +140,11 @@ class PolicyEditScreen(ModalScreen[PolicyChange | None]):
             return
         every = self.query("#edit-every-unit")
         every_unit = bool(every) and self.query_one("#edit-every-unit", Checkbox).value
+        every_node = bool(self.query("#edit-every-node")) and self.query_one("#edit-every-node", Checkbox).value
         texts = {name: field.value for name, field in self.inputs.items() if not field.disabled}
         try:
-            change = build_change(self.node, self.unit_id, policy, texts, every_unit=every_unit)
+            change = build_change(self.node, self.unit_id, policy, texts, every_unit=every_unit,
+                                  also=self.others if every_node else ())
         except ValueError as exc:
             self.query_one("#edit-error", Static).update(str(exc))
             return

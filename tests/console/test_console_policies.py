@@ -13,7 +13,7 @@ from console_fixtures import build_store
 from console_pilot import fast_delays, text_of, until
 from serve_harness import TOKEN, make_hub, make_server, run
 from textual.pilot import Pilot
-from textual.widgets import Select, Static
+from textual.widgets import Checkbox, Select, Static
 
 from agent.service.hub import Hub
 from agent.service.server import AgentServer
@@ -254,6 +254,51 @@ def test_dispatch_parameters_are_edited_with_the_dispatchers_schema() -> None:
     run(go, timeout_s=90)
 
 
+def test_one_edit_on_every_node_or_on_none() -> None:
+    """Two agents (as one node run with ``--agents 2``): "the same on every node" sends the dry run to both, shows
+    both diffs, and applies on both; a change one of them refuses is applied on neither."""
+
+    async def go() -> None:
+        hubs = [make_hub(units=2, workload=WORKLOAD), make_hub(units=3, workload=WORKLOAD, node_id="node-b")]
+        servers = [make_server(hub, speed=1.0) for hub in hubs]
+        for server in servers:
+            await server.start()
+        try:
+            app = ConsoleApp([LiveFeed(s.url, delays=fast_delays) for s in servers], refresh_s=0.25, token=TOKEN)
+            async with app.run_test(size=(100, 30)) as pilot:
+                screen = await policies_screen(pilot, "unit:node-b:2")
+                await until(pilot, lambda: len(app.state.nodes) == 2, "both nodes")
+                await pilot.press("e")
+                form = app.screen
+                assert isinstance(form, PolicyEditScreen) and form.others == ("test-node",)
+                form.query_one("#edit-policy", Select).value = "sarathi"
+                await until(pilot, lambda: form.chosen_policy == "sarathi", "the policy choice")
+                form.query_one("#edit-every-node", Checkbox).value = True  # unit 2: test-node has none
+                await pilot.press("ctrl+s")
+                await until(pilot, lambda: "nothing sent to any node" in reply_text(screen), "the refusal")
+                assert "test-node: unknown_unit" in reply_text(screen)
+                assert [results(h) for h in hubs] == [["rejected"], ["dry_run"]]
+                await pilot.press("e")
+                form = app.screen
+                assert isinstance(form, PolicyEditScreen)
+                form.query_one("#edit-policy", Select).value = "sarathi"
+                await until(pilot, lambda: form.chosen_policy == "sarathi", "the policy choice")
+                form.query_one("#edit-every-unit", Checkbox).value = True
+                form.query_one("#edit-every-node", Checkbox).value = True
+                await pilot.press("ctrl+s")
+                confirm = await confirm_screen(pilot)
+                assert "node-b: u2: policy vllm -> sarathi" in confirm.lines
+                assert "test-node: u1: policy vllm -> sarathi" in confirm.lines
+                await pilot.press("y")
+                await until(pilot, lambda: "applied on 2 nodes" in reply_text(screen), "the reply")
+                assert [[u.policy.name for u in h.node.units] for h in hubs] == [["sarathi"] * 2, ["sarathi"] * 3]
+        finally:
+            for server in servers:
+                await server.stop()
+
+    run(go, timeout_s=90)
+
+
 # -- refusals ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("options", "why"),
@@ -387,6 +432,9 @@ def test_changes_become_the_right_requests() -> None:
     assert dispatch.request() == SetDispatchPolicy(policy="round_robin", params={})
     with pytest.raises(ValueError, match="nothing to change"):
         build_change(node, 1, "sarathi", {"tbt_target_ms": "50.0"})
+    fleet = build_change(node, 0, "sarathi", {}, also=("m", "o"))  # the same request for every node
+    assert fleet.nodes == ("n", "m", "o") and fleet.request() == SetBatchPolicy(policy="sarathi", unit_ids=(0,))
+    assert fleet.describe() == "n and 2 more nodes u0: -> sarathi"
 
 
 def test_diff_lines_and_audit_lines() -> None:
