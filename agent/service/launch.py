@@ -183,7 +183,8 @@ async def run_agent(
 
                 openai = OpenAIServer(cluster, *config.serve_openai, model_name=config.model_name,
                                       frontend_args=frontend_tokens(config.openai_args), metrics=hub.metrics_text,
-                                      reuse_port=config.openai_reuse_port, node_id=node_id)
+                                      reuse_port=config.openai_reuse_port, node_id=node_id,
+                                      say=lambda text: print(f"trackside agent: {text}", file=out, flush=True))
                 await openai.start()
                 print(f"trackside agent: OpenAI API at {openai.base_url}", file=out, flush=True)
             freeze_startup_heap()  # engines, app and telemetry are up: nothing below traverses them again

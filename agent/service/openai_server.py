@@ -243,13 +243,15 @@ class OpenAIServer:
     ``frontend_args``: ``vllm serve`` front-end flags (``--chat-template``, ``--api-key``...), checked by vLLM;
     ``metrics``: the text ``GET /metrics`` serves (the agent's; None keeps vLLM's route).
     ``reuse_port``: the port may be shared with other agents (``listening_socket``); ``node_id``: the agent's, in
-    each routed response's ``x-trackside-node`` header.
+    each routed response's ``x-trackside-node`` header; ``say``: where a shared port's changes are told (default: this
+    module's log, at warning).
     """
 
     def __init__(self, cluster: LiveCluster[VllmUnit], host: str = "127.0.0.1", port: int = 8000, *,
                  model_name: str | None = None, frontend_args: Sequence[str] = (),
                  metrics: Callable[[], str] | None = None, log_level: str = "warning",
-                 reuse_port: bool = False, node_id: str | None = None) -> None:
+                 reuse_port: bool = False, node_id: str | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
         self.cluster = cluster
         self.model_name = model_name or cluster.units[0].options.model
         # Parsed once, here: bad flags fail before the port is bound.
@@ -263,8 +265,13 @@ class OpenAIServer:
         """The bound port (the one the OS chose for ``port=0``)."""
         self._log_level = log_level
         self._node_id = node_id
+        self._reuse_port = reuse_port
+        self._say = say or log.warning
         self._server: EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._follow: asyncio.Task[None] | None = None
+        self.accepting = False
+        """Whether the port takes new connections (a shared port is let go while no unit serves)."""
 
     @property
     def base_url(self) -> str:
@@ -283,9 +290,35 @@ class OpenAIServer:
                 self._task.result()
                 raise RuntimeError("the HTTP server stopped while starting")
             await asyncio.sleep(0.01)
+        self.accepting = True
+        if self._reuse_port:
+            self._follow = asyncio.get_running_loop().create_task(self._follow_units())
+
+    async def _follow_units(self, interval_s: float = 0.25) -> None:
+        """On a shared port (``reuse_port``): stop taking connections while none of the units serves, so that the
+        kernel gives them to the other agents on the port, and take them again once one serves (an agent on a port
+        of its own keeps it and answers 503). Existing connections are left as they are."""
+        assert self._server is not None
+        while True:
+            await asyncio.sleep(interval_s)
+            serving = self.cluster.num_serving > 0
+            if self.accepting and not serving:
+                for server in self._server.servers:
+                    server.close()  # its listening socket only: connections stay open
+                self.accepting = False
+                self._say(f"no unit serves: OpenAI port {self.port} let go, the other agents on it take its "
+                          "connections")
+            elif serving and not self.accepting:
+                self._sock = listening_socket(self.host, self.port, reuse_port=True)
+                await self._server.startup(sockets=[self._sock])
+                self.accepting = True
+                self._say(f"a unit serves again: OpenAI port {self.port} taken again")
 
     async def stop(self) -> None:
         """Stop accepting, abort what is in flight, close."""
+        if self._follow is not None:
+            self._follow.cancel()
+            await asyncio.gather(self._follow, return_exceptions=True)
         if self._server is not None:
             self._server.should_exit = True
         await self.cluster.close()

@@ -437,7 +437,8 @@ def test_preemptions_reach_the_stream_under_our_request_ids() -> None:
 def test_two_agents_share_one_openai_port(tmp_path: Path) -> None:
     """``--openai-reuse-port``: two agents of one unit each, as on a node whose GPUs are split between agents, serve
     one OpenAI port. Requests on connections of their own are all answered, the kernel spreads them over both agents
-    (``x-trackside-node``), and each agent's stream counts only the requests it served."""
+    (``x-trackside-node``), and each agent's stream counts only the requests it served. An agent whose units are all
+    failed lets the port go (the other one answers everything) and takes it again once a unit is back."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
@@ -465,9 +466,18 @@ def test_two_agents_share_one_openai_port(tmp_path: Path) -> None:
                 async with Watch(agent.ws_url) as watch:
                     await wait_for(lambda w=watch, m=mine: w.finished(sorted(m)), what=f"agent {i}'s finishes")
                     assert {e.request_id for e in watch.of(RequestFinished)} == mine
+            # agent 0's only unit fails: it lets the port go, and agent 1 takes every connection
+            assert (await ctl(agents[0], "fail-unit", "--unit", "0", "--reason", "test"))[0] == 0
+            await wait_for(lambda: any("let go" in line for line in agents[0].lines()), what="the port let go")
+            alone = await asyncio.gather(*(one(k) for k in range(100, 112)))
+            assert {n for n, _ in alone} == {"shared-1"}
+            assert (await ctl(agents[0], "recover-unit", "--unit", "0"))[0] == 0
+            await wait_for(lambda: any("taken again" in line for line in agents[0].lines()), what="the port back")
+            again = await asyncio.gather(*(one(k) for k in range(200, 224)))
+            assert {n for n, _ in again} == {"shared-0", "shared-1"}
             return by_node
 
-        by_node = run(go)
+        by_node = run(go, timeout_s=120)
         assert set(by_node) == {"shared-0", "shared-1"}, by_node
         assert sum(map(len, by_node.values())) == 24
     finally:
