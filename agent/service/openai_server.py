@@ -309,7 +309,13 @@ class OpenAIServer:
                 self._say(f"no unit serves: OpenAI port {self.port} let go, the other agents on it take its "
                           "connections")
             elif serving and not self.accepting:
-                self._sock = listening_socket(self.host, self.port, reuse_port=True)
+                try:
+                    sock = listening_socket(self.host, self.port, reuse_port=True)
+                except OSError as exc:  # taken meanwhile by a process that does not share it: try again
+                    self._say(f"cannot take OpenAI port {self.port} again: {exc.strerror or exc}")
+                    await asyncio.sleep(5.0)
+                    continue
+                self._sock = sock
                 await self._server.startup(sockets=[self._sock])
                 self.accepting = True
                 self._say(f"a unit serves again: OpenAI port {self.port} taken again")
