@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from agent.cli.common import ServeError, parse_listen
@@ -54,35 +54,29 @@ STOP_TIMEOUT_S = 60.0
 ``TimeoutStopSec`` of ``examples/deploy/trackside-agent.service``)."""
 
 
-def split_unit_args(argv: Sequence[str]) -> tuple[list[str], list[tuple[int, str]]]:
-    """``argv`` (the config file expanded) without ``--config FILE`` and its per-unit engine arguments, and those as
-    (unit, ``KEY=VALUE``): a child that read the file again would get the node's unit numbers back."""
-    rest: list[str] = []
-    units: list[tuple[int, str]] = []
+def node_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` (the config file expanded) without ``--config FILE`` and without its per-unit engine arguments: a
+    child that read the file again, or got ``N:KEY=VALUE`` as given, would have the node's unit numbers."""
+    from agent.engine.vllm.engine_args import EngineArgError, parse_engine_arg
+
+    def per_unit(value: str) -> bool:
+        try:
+            return parse_engine_arg(value).unit_id is not None
+        except EngineArgError:
+            return False  # left for the child's own check to refuse
+
+    out: list[str] = []
     i = 0
     while i < len(argv):
         word = argv[i]
-        value = None
-        if word == "--config" and i + 1 < len(argv):
+        if word == "--config" or (word == "--engine-arg" and i + 1 < len(argv) and per_unit(argv[i + 1])):
             i += 2
-            continue
-        if word.startswith("--config="):
+        elif word.startswith("--config=") or (word.startswith("--engine-arg=") and per_unit(word.partition("=")[2])):
             i += 1
-            continue
-        if word == "--engine-arg" and i + 1 < len(argv):
-            value, i = argv[i + 1], i + 2
-        elif word.startswith("--engine-arg="):
-            value, i = word.partition("=")[2], i + 1
         else:
-            rest.append(word)
+            out.append(word)
             i += 1
-            continue
-        unit, colon, item = value.partition(":")
-        if colon and unit.isdigit() and "=" not in unit:
-            units.append((int(unit), item))
-        else:
-            rest += ["--engine-arg", value]
-    return rest, units
+    return out
 
 
 def child_argvs(args: argparse.Namespace, plan: Any) -> list[list[str]]:
@@ -98,15 +92,15 @@ def child_argvs(args: argparse.Namespace, plan: Any) -> list[list[str]]:
     shares = sorted({u.placement.gpu_memory_utilization for u in units})
     host, port = parse_listen(args.listen)
     per = len(units) // n
-    base, unit_args = split_unit_args(args.argv)
+    base = node_argv(args.argv)
     out = []
     for i in range(n):
         mine = units[i * per:(i + 1) * per]
         argv = [*base, "--agents", "1", "--units", str(per), "--node-id", f"{args.node_id}-{i}",
                 "--listen", host_port(host, port + i if port else 0), "--openai-reuse-port"]
-        for unit, item in unit_args:  # renumbered: the agent's unit j is the node's unit i * per + j
-            if i * per <= unit < (i + 1) * per:
-                argv += ["--engine-arg", f"{unit - i * per}:{item}"]
+        for j, unit in enumerate(mine):  # a unit's own arguments, under its number in the agent
+            own = [replace(a, unit_id=j) for a in unit.args if a.unit_id is not None]
+            argv += [word for a in own for word in ("--engine-arg", str(a))]
         if plan.gpu_ids is not None:
             gpus = sorted({g for u in mine for g in u.placement.gpu_ids})
             argv += ["--gpus", ",".join(map(str, gpus))]
