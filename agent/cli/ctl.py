@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 from websockets.exceptions import WebSocketException
 
 from agent.telemetry import ControlAudit
+from agent.telemetry.client import open_session, unreachable
 from agent.telemetry.commands import (
     ControlRequest,
     DryRun,
@@ -37,8 +38,6 @@ from agent.telemetry.commands import (
 EXIT_ERROR_REPLY = 2
 EXIT_UNREACHABLE = 1
 
-Call = Callable[[str, str, ControlRequest, ssl.SSLContext | None], Awaitable[Reply]]
-"""How one request reaches one agent (``trackside ctl``'s own call)."""
 Outcome = Reply | str
 """An agent's reply, or why it could not be reached."""
 
@@ -48,11 +47,17 @@ def split_uris(text: str) -> list[str]:
     return [uri for uri in (part.strip() for part in text.split(",")) if uri]
 
 
-async def _each(uris: Sequence[str], token: str, request: ControlRequest, ssl_context: ssl.SSLContext | None,
-                call: Call, unreachable: Callable[[str, BaseException], str]) -> list[Outcome]:
+async def call_agent(uri: str, token: str, request: ControlRequest, ssl_context: ssl.SSLContext | None = None) -> Reply:
+    """One request to one agent, on a connection of its own; its reply."""
+    async with open_session(uri, token=token, ssl_context=ssl_context) as session:
+        return await session.call(request)
+
+
+async def _each(uris: Sequence[str], token: str, request: ControlRequest,
+                ssl_context: ssl.SSLContext | None) -> list[Outcome]:
     async def one(uri: str) -> Outcome:
         try:
-            return await call(uri, token, request, ssl_context)
+            return await call_agent(uri, token, request, ssl_context)
         except (OSError, TimeoutError, WebSocketException) as exc:
             return unreachable(uri, exc)
 
@@ -60,17 +65,17 @@ async def _each(uris: Sequence[str], token: str, request: ControlRequest, ssl_co
 
 
 def ctl_many(uris: Sequence[str], token: str, request: ControlRequest, ssl_context: ssl.SSLContext | None, *,
-             as_json: bool, call: Call, unreachable: Callable[[str, BaseException], str]) -> int:
+             as_json: bool) -> int:
     """Send ``request`` to every agent in ``uris`` (a change: dry runs first, see the module), print each reply
     under its URI (``as_json``: one JSON object per line, ``{"uri": ..., "reply": ...}``); the exit status."""
     if isinstance(request, SetBatchPolicy | SetDispatchPolicy | SetParams):
-        checks = asyncio.run(_each(uris, token, DryRun(change=request), ssl_context, call, unreachable))
+        checks = asyncio.run(_each(uris, token, DryRun(change=request), ssl_context))
         if any(isinstance(o, str | ErrorReply) for o in checks):
             code = _print(uris, checks, as_json)
             print(f"trackside ctl: nothing changed on any of the {len(uris)} agents: not every one accepted the "
                   "change in a dry run", file=sys.stderr)
             return code
-    return _print(uris, asyncio.run(_each(uris, token, request, ssl_context, call, unreachable)), as_json)
+    return _print(uris, asyncio.run(_each(uris, token, request, ssl_context)), as_json)
 
 
 def _print(uris: Sequence[str], outcomes: Sequence[Outcome], as_json: bool) -> int:

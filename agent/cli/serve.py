@@ -27,7 +27,7 @@ from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
 from agent.cli.agent_vllm import VLLM_ONLY, add_vllm_options, cmd_agent_vllm
 from agent.cli.common import ServeError, agent_tokens, csv_items, load_policy_plugins, parse_listen
 from agent.cli.connections import add_connection_options, connection_limits
-from agent.cli.ctl import EXIT_ERROR_REPLY, EXIT_UNREACHABLE, ctl_many, render_reply, split_uris
+from agent.cli.ctl import EXIT_ERROR_REPLY, EXIT_UNREACHABLE, call_agent, ctl_many, render_reply, split_uris
 from agent.cli.node_config import NodeConfigError, expand_node_config
 from agent.engine.profiles import load_profile
 from agent.runtime.node import Node
@@ -45,7 +45,6 @@ from agent.telemetry import (
     NodeHello,
     PauseUnit,
     RecoverUnit,
-    Reply,
     ResumeUnit,
     SetBatchPolicy,
     SetDispatchPolicy,
@@ -58,7 +57,6 @@ from agent.telemetry.client import (
     CertificateError,
     TokenFileError,
     client_ssl_context,
-    open_session,
     read_token,
     unreachable,
 )
@@ -368,9 +366,9 @@ def cmd_ctl(args: argparse.Namespace, console: object = None) -> int:
     request = ctl_request(args)
     uris = split_uris(args.uri)
     if len(uris) != 1:  # several agents (trackside agent --agents N): a change everywhere or nowhere
-        return ctl_many(uris, token, request, ssl_context, as_json=args.json, call=_call, unreachable=unreachable)
+        return ctl_many(uris, token, request, ssl_context, as_json=args.json)
     try:
-        reply = asyncio.run(_call(args.uri, token, request, ssl_context))
+        reply = asyncio.run(call_agent(args.uri, token, request, ssl_context))
     except (OSError, TimeoutError, WebSocketException) as exc:
         print(f"trackside ctl: {unreachable(args.uri, exc)}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -382,11 +380,6 @@ def cmd_ctl(args: argparse.Namespace, console: object = None) -> int:
     if not args.json:
         print(render_reply(reply))
     return 0
-
-
-async def _call(uri: str, token: str, request: ControlRequest, ssl_context: ssl.SSLContext | None = None) -> Reply:
-    async with open_session(uri, token=token, ssl_context=ssl_context) as session:
-        return await session.call(request)
 
 
 # -- record -------------------------------------------------------------------------------------------------
