@@ -36,6 +36,7 @@ from agent.runtime.clock import Clock, VirtualClock
 from agent.runtime.desk import DispatchDesk
 from agent.runtime.gc_control import GcController
 from agent.runtime.node_driver import NodeDriver
+from agent.runtime.port import SETTABLE_MODES
 from agent.runtime.records import (
     DispatchHook,
     MigrateHook,
@@ -389,8 +390,8 @@ class Node:
         keeps stepping until empty. Requests held at the dispatcher because no unit took them are offered
         again when a unit becomes active.
         """
-        if mode not in ("active", "draining", "paused"):
-            raise ValueError(f"unknown unit mode {mode!r} (active, draining, paused)")
+        if mode not in SETTABLE_MODES:
+            raise ValueError(f"unknown unit mode {mode!r} ({', '.join(SETTABLE_MODES)})")
         index = self.unit_index(unit_id)
         old = self.unit_modes[index]
         if old == "failed":

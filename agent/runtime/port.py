@@ -27,6 +27,8 @@ from policies.base import BatchPolicy, DispatchPolicy
 from policies.params import ParamValue
 from policies.types import RequestView, UnitLoad
 
+SETTABLE_MODES = ("active", "draining", "paused")
+"""The unit modes control sets (``failed`` is a fault's, or ``fail_unit``'s), in both kinds of node."""
 StepHook = Callable[[StepRecord], None]
 FinishHook = Callable[[RequestOutcome], None]
 RequestHook = Callable[[RequestEventKind, RequestState], None]

@@ -52,7 +52,7 @@ from agent.runtime.live.requests import (
     RequestRejected,
     RequestStream,
 )
-from agent.runtime.port import FaultHook, FinishHook, RequestHook, Settled, StepHook
+from agent.runtime.port import SETTABLE_MODES, FaultHook, FinishHook, RequestHook, Settled, StepHook
 from agent.runtime.records import DispatchHook, MigrateHook, MigrationRecord, PreemptHook, RequestState
 from agent.workload.prompts import prompt_ids
 from agent.workload.types import RequestSpec
@@ -62,7 +62,6 @@ from policies.types import DispatchDecision, PendingRequest, RequestView, UnitLo
 
 log = logging.getLogger(__name__)
 
-MODES = ("active", "draining", "paused")
 REPLAY_PRUNE = 1024
 """A workload replay drops its ended streams once it holds this many (or, when more, twice as many as were left at its
 last pruning)."""
@@ -241,8 +240,8 @@ class LiveClusterNode:
     def set_unit_mode(self, unit_id: int, mode: str) -> str:
         """``active``, ``draining`` (no new requests, the unit finishes its own) or ``paused`` (no new requests and
         no steps: vLLM's ``pause_generation(mode="keep")``); the engine's part completes in :meth:`settle`."""
-        if mode not in MODES:
-            raise ValueError(f"unknown unit mode {mode!r} ({', '.join(MODES)})")
+        if mode not in SETTABLE_MODES:
+            raise ValueError(f"unknown unit mode {mode!r} ({', '.join(SETTABLE_MODES)})")
         index = self.unit_index(unit_id)
         old = self.unit_modes[index]
         if old == "failed":
