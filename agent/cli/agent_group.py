@@ -233,8 +233,10 @@ def _keep(children: Sequence[Child], out: IO[str]) -> None:
 
 def _sweep(proc: subprocess.Popen[str]) -> None:
     """SIGKILL what is left of an agent that exited: its engine cores, left behind by an agent that was killed, would
-    keep their GPU memory from the agent started in its place. Each agent leads a process group of its own, and its
-    engine cores are in it (the group's id cannot be reused while any of them lives)."""
+    keep their GPU memory from the agent started in its place. They stop by themselves too
+    (:mod:`agent.engine.vllm.lifeline`, within seconds): this is at once, and covers what has no lifeline. Each agent
+    leads a process group of its own, and its engine cores are in it (the group's id cannot be reused while any of
+    them lives)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 

@@ -35,6 +35,9 @@ class UnitSettings:
     """zmq address the scheduler PUSHes step records to (the agent binds a PULL there); None: kept in memory."""
     control_addr: str | None = None
     """zmq address the scheduler binds a PULL socket on for control messages; None: no control channel."""
+    agent_pid: int | None = None
+    """The agent process: the engine core stops when it is gone (:mod:`agent.engine.vllm.lifeline`); None, or the
+    engine core's own PID (an engine run in the agent's process): nothing watched."""
 
     def as_config(self) -> dict[str, Any]:
         """The dict to put under ``additional_config[KEY]``."""

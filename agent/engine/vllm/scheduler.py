@@ -56,6 +56,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from agent.engine.live import apply_control, build_policy
 from agent.engine.vllm.channel import ControlInbox, StepSink, make_sink
 from agent.engine.vllm.config import UnitSettings, unit_settings
+from agent.engine.vllm.lifeline import watch_agent
 from agent.engine.vllm.messages import ControlReply, ControlRequest, FrameError, StepMessage
 from policies.base import BatchPolicy
 from policies.batch.vllm_default import VllmDefault
@@ -157,6 +158,8 @@ class PolicySchedulerMixin:
         self.ts_sink: StepSink = make_sink(settings.step_addr)
         self.ts_inbox: ControlInbox | None = ControlInbox(settings.control_addr) if settings.control_addr else None
         self.ts_paused = False
+        self.ts_lifeline = watch_agent(settings.agent_pid) if settings.agent_pid else None
+        """The thread that stops this engine core when its agent is gone (None: none watched)."""
 
     # -- the policy's view ------------------------------------------------------------------------
     def _ts_slo_of(self, r: Any) -> tuple[float, float, float]:

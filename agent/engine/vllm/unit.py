@@ -109,7 +109,7 @@ class VllmUnit:
         base = settings or UnitSettings()
         self.settings = UnitSettings(**{**{k: getattr(base, k) for k in base.__dataclass_fields__},
                                         "unit_id": unit_id, "step_addr": self.step_addr,
-                                        "control_addr": self.control_addr})
+                                        "control_addr": self.control_addr, "agent_pid": os.getpid()})
         self._vllm_config = vllm_config
         self._config_template = copy.deepcopy(vllm_config)
         """A copy of ``vllm_config`` as given (vLLM changes the one it starts with): what a restart starts from."""

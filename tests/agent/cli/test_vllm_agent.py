@@ -438,7 +438,8 @@ def test_two_agents_share_one_openai_port(tmp_path: Path) -> None:
     """``--openai-reuse-port``: two agents of one unit each, as on a node whose GPUs are split between agents, serve
     one OpenAI port. Requests on connections of their own are all answered, the kernel spreads them over both agents
     (``x-trackside-node``), and each agent's stream counts only the requests it served. An agent whose units are all
-    failed lets the port go (the other one answers everything) and takes it again once a unit is back."""
+    failed lets the port go (the other one answers everything) and takes it again once a unit is back. An agent
+    killed with SIGKILL takes its engine core with it, and the other one answers everything."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
@@ -475,11 +476,30 @@ def test_two_agents_share_one_openai_port(tmp_path: Path) -> None:
             await wait_for(lambda: any("taken again" in line for line in agents[0].lines()), what="the port back")
             again = await asyncio.gather(*(one(k) for k in range(200, 224)))
             assert {n for n, _ in again} == {"shared-0", "shared-1"}
+            # agent 1 is killed outright (SIGKILL: no shutdown of its own): its engine core stops by itself too
+            # (the lifeline), not left holding its GPU, and agent 0 answers every connection
+            async with Watch(agents[1].ws_url) as watch:
+                engine_pid = watch.of(NodeHello)[0].units[0].engine_pid
+            assert engine_pid is not None and running(engine_pid)
+            agents[1].proc.kill()
+            agents[1].proc.wait()
+            await wait_for(lambda: not running(engine_pid), timeout_s=30, what="the killed agent's engine core to stop")
+            after = await asyncio.gather(*(one(k) for k in range(300, 312)))
+            assert {n for n, _ in after} == {"shared-0"}
             return by_node
 
-        by_node = run(go, timeout_s=120)
+        by_node = run(go, timeout_s=150)
         assert set(by_node) == {"shared-0", "shared-1"}, by_node
         assert sum(map(len, by_node.values())) == 24
     finally:
-        for agent in agents:
-            assert agent.stop() == 0, agent.log.read_text()[-4000:]
+        for i, agent in enumerate(agents):
+            assert agent.stop() == (-signal.SIGKILL if i == 1 else 0), agent.log.read_text()[-4000:]
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has: its parent has not reaped it yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
