@@ -11,7 +11,8 @@ What trackside adds around vLLM's app (:class:`TracksideMiddleware`, plain ASGI)
 
 * a request that was refused before reaching a unit gets a proper status instead of vLLM's generic error: 429
   with ``Retry-After`` when the admission control of the unit it was placed on refused it (FairBatching+PAB's
-  admission budget), 503 with ``Retry-After`` when the dispatcher rejected it or no unit took it in time. For a
+  admission budget), 503 with ``Retry-After`` when the dispatcher rejected it, no unit took it in time or no unit
+  serves at all (every unit failed: vLLM's app is kept from stopping the server, as it does for a dead engine). For a
   streaming request the response's start is held until its first event, so the status can still change;
 * response headers with where and how the request was served: ``x-trackside-node`` (the agent's node id, where
   several agents share one port), ``x-trackside-unit`` (the unit it is on when the
@@ -142,8 +143,11 @@ class TracksideMiddleware:
                     ]})
                     await send({"type": "http.response.body", "body": json.dumps(body).encode()})
                     return
-                await send({**start, "headers": [*start.get("headers", []), *self._node,
-                                                 *served_headers(ticket.streams)]})
+                headers = [*start.get("headers", []), *self._node, *served_headers(ticket.streams)]
+                if start["status"] == 503 and not any(k.lower() == b"retry-after" for k, _ in headers):
+                    # (no unit serves: vLLM's app answered from the engine client's dead_error)
+                    headers.append((b"retry-after", str(max(1, math.ceil(self.retry_after_s))).encode()))
+                await send({**start, "headers": headers})
             await send(message)
 
         try:
@@ -297,7 +301,9 @@ class OpenAIServer:
     async def _follow_units(self, interval_s: float = 0.25) -> None:
         """On a shared port (``reuse_port``): stop taking connections while none of the units serves, so that the
         kernel gives them to the other agents on the port, and take them again once one serves (an agent on a port
-        of its own keeps it and answers 503). Existing connections are left as they are."""
+        of its own keeps it and answers 503). The connections it holds are closed when it lets the port go, as
+        uvicorn's graceful shutdown closes them (an idle one at once, a busy one after its response), so that a
+        client that keeps its connection open comes back on a new one, which another agent takes."""
         assert self._server is not None
         while True:
             await asyncio.sleep(interval_s)
@@ -305,6 +311,8 @@ class OpenAIServer:
             if self.accepting and not serving:
                 for server in self._server.servers:
                     server.close()  # its listening socket only: connections stay open
+                for connection in list(self._server.server_state.connections):
+                    connection.shutdown()
                 self.accepting = False
                 self._say(f"no unit serves: OpenAI port {self.port} let go, the other agents on it take its "
                           "connections")

@@ -285,12 +285,16 @@ class RoutedEngineClient(EngineClient):  # type: ignore[misc]
 
     @property
     def dead_error(self) -> BaseException:
-        error: BaseException = EngineDeadError("no trackside unit is serving")
-        return error
+        """What vLLM's app raises for a request that comes while ``errored``: a 503 (with ``Retry-After``, from the
+        middleware), as for a request the dispatcher refused. vLLM's own ``EngineDeadError`` would go to its dead-engine
+        handler, which stops the HTTP server (``terminate_if_errored``, through an ``app.state.server`` that only
+        vLLM's launcher sets: here it answered 500), when trackside restarts the failed units instead."""
+        return RequestRefused("no trackside unit is serving: try again later", 503)
 
     async def check_health(self) -> None:
+        """``EngineDeadError`` while no unit serves: vLLM's ``/health`` answers 503."""
         if self._serving() == 0:
-            raise self.dead_error
+            raise EngineDeadError("no trackside unit is serving")
 
     # -- requests ---------------------------------------------------------------------------------
     async def generate(

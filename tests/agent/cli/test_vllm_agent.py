@@ -467,11 +467,28 @@ def test_two_agents_share_one_openai_port(tmp_path: Path) -> None:
                 async with Watch(agent.ws_url) as watch:
                     await wait_for(lambda w=watch, m=mine: w.finished(sorted(m)), what=f"agent {i}'s finishes")
                     assert {e.request_id for e in watch.of(RequestFinished)} == mine
-            # agent 0's only unit fails: it lets the port go, and agent 1 takes every connection
-            assert (await ctl(agents[0], "fail-unit", "--unit", "0", "--reason", "test"))[0] == 0
-            await wait_for(lambda: any("let go" in line for line in agents[0].lines()), what="the port let go")
-            alone = await asyncio.gather(*(one(k) for k in range(100, 112)))
-            assert {n for n, _ in alone} == {"shared-1"}
+            # a client that keeps its connection open, to agent 0
+            kept = [httpx.AsyncClient(timeout=60) for _ in range(32)]
+            try:
+                for held in kept:
+                    r = await held.post(f"http://{address}/v1/completions", json={
+                        "model": MODEL, "prompt": [5, 6, 7], "max_tokens": 1})
+                    if r.headers["x-trackside-node"] == "shared-0":
+                        break  # (the kernel chose agent 0 for this client's connection)
+                else:
+                    raise AssertionError("no connection of 32 went to agent 0")
+                # agent 0's only unit fails: it lets the port go and closes its connections, and agent 1 takes every
+                # connection, the kept client's next one too
+                assert (await ctl(agents[0], "fail-unit", "--unit", "0", "--reason", "test"))[0] == 0
+                await wait_for(lambda: any("let go" in line for line in agents[0].lines()), what="the port let go")
+                alone = await asyncio.gather(*(one(k) for k in range(100, 112)))
+                assert {n for n, _ in alone} == {"shared-1"}
+                r = await held.post(f"http://{address}/v1/completions", json={
+                    "model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True})
+                assert (r.status_code, r.headers["x-trackside-node"]) == (200, "shared-1"), r.text
+            finally:
+                for http in kept:
+                    await http.aclose()
             assert (await ctl(agents[0], "recover-unit", "--unit", "0"))[0] == 0
             await wait_for(lambda: any("taken again" in line for line in agents[0].lines()), what="the port back")
             again = await asyncio.gather(*(one(k) for k in range(200, 224)))

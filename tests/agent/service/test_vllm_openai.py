@@ -255,12 +255,22 @@ def test_models_and_health(served: Served) -> None:
     assert httpx.get(served.root_url + "/health").status_code == 200
 
 
-def test_health_is_503_while_no_unit_serves(served: Served) -> None:
+def test_health_and_requests_are_503_while_no_unit_serves(served: Served) -> None:
     unit_ids = [u.unit_id for u in served.units]
     for uid in unit_ids:
         served.call(partial(served.cluster.fail_unit, uid, "test"))
     try:
         assert httpx.get(served.root_url + "/health").status_code == 503
+        # a request meanwhile is refused as the dispatcher refuses one (503, Retry-After), streaming or not; the
+        # server goes on serving (vLLM's own handler of a dead engine would stop it)
+        for stream in (False, True):
+            r = httpx.post(served.root_url + "/v1/completions",
+                           json={"model": MODEL, "prompt": OK, "max_tokens": 2, "stream": stream})
+            assert (r.status_code, r.headers.get("retry-after")) == (503, "1"), r.text
+            assert "no trackside unit is serving" in r.json()["error"]["message"]
+        r = httpx.post(served.root_url + "/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True})
+        assert r.status_code == 503 and "retry-after" in r.headers, r.text
     finally:
         for uid in unit_ids:
             served.call(partial(served.cluster.recover_unit, uid))
