@@ -1,16 +1,15 @@
 """Policies: every node's dispatcher and units with their policy and parameters (ranges from the hello's schemas),
 editing with a dry run and a confirmation, pause / drain / resume, and the audit log.
 
-Control flow (STYLE examples 8-10): an action opens a modal (the edit form, or a ``ConfirmScreen``); its answer
-starts a worker that sends one request over :func:`console.control.send_control` and posts
-:class:`PoliciesScreen.ControlReplied`; the handler shows the reply and, after a dry run, asks for confirmation
-with the agent's diff before the change itself is sent. An edit for every node (the form's "the same on every
-node": the agents of a node run with ``--agents N``) goes to each node at once, dry runs first, and is applied only
-if every node accepted it (:class:`PoliciesScreen.GroupReplied`). The applied change comes back as an ``audit`` event on
-the feed, which updates the table and the audit log. Every control action is greyed out (``check_action``) in
-``--read-only``, in a replay, without a token, for a node that is not connected, and while a request is in
-flight; a line above the table says why.
-"""
+Control flow (STYLE examples 8-10): an action opens a modal (the edit form, or a ``ConfirmScreen``); its answer starts a
+worker that sends one request over :func:`console.control.send_control` and posts
+:class:`PoliciesScreen.ControlReplied`; the handler shows the reply and, after a dry run, asks for confirmation with the
+agent's diff before the change itself is sent. An edit for several nodes (the form's "the same on every node", or the
+nodes chosen in its list: the agents of a machine run with ``--agents N``, say) goes to each of them at once, dry runs
+first, and is applied only if every one accepted it (:class:`PoliciesScreen.GroupReplied`). The applied change comes
+back as an ``audit`` event on the feed, which updates the table and the audit log. Every control action is greyed out
+(``check_action``) in ``--read-only``, in a replay, without a token, for a node that is not connected, and while a
+request is in flight; a line above the table says why."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Checkbox, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Input, Label, Select, SelectionList, Static
 
 from console.model.policy_view import (
     PolicyChange,
@@ -28,7 +28,7 @@ from console.model.records import NodeInfo
 
 class PolicyEditScreen(ModalScreen[PolicyChange | None]):
     """A policy chooser, one input per parameter of the chosen policy (with its range; the help is the input's
-    tooltip), and for a unit whether the change goes to every unit of its node."""
+    tooltip), for a unit whether the change goes to every unit of its node, and which other nodes get it too."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(
@@ -47,7 +47,8 @@ class PolicyEditScreen(ModalScreen[PolicyChange | None]):
         self.node = node
         self.unit_id = unit_id
         self.others = tuple(others)
-        """The other nodes the console can control: offered as "the same on every node"."""
+        """The other nodes the console can control: offered for the same change ("the same on every node", or a
+        choice of them: the agents of one machine run with ``--agents N``, say)."""
         self.kind: TargetKind = "dispatch" if unit_id is None else "batch"
         self.current_policy, self.current_params = current_of(node, unit_id)
         self.inputs: dict[str, Input] = {}
@@ -74,8 +75,8 @@ class PolicyEditScreen(ModalScreen[PolicyChange | None]):
             if self.unit_id is not None:
                 yield Checkbox(f"every unit of {self.node.node_id}", id="edit-every-unit")
             if self.others:
-                more = ", ".join(self.others[:3]) + (", ..." if len(self.others) > 3 else "")
-                yield Checkbox(f"the same on every node ({len(self.others)} more: {more})", id="edit-every-node")
+                yield Checkbox(f"the same on every node ({len(self.others)} more), or on these:", id="edit-every-node")
+                yield SelectionList[str](*((node_id, node_id) for node_id in self.others), id="edit-nodes")
             yield VerticalScroll(id="edit-params")
             yield Static(id="edit-error", markup=False)
             with Horizontal(classes="dialog-buttons"):
@@ -121,6 +122,27 @@ class PolicyEditScreen(ModalScreen[PolicyChange | None]):
             rows.append(Horizontal(Label("(no parameters)", classes="param-label")))
         await box.mount_all(rows)
 
+    @property
+    def also(self) -> tuple[str, ...]:
+        """The other nodes chosen to get the same change, in the order offered."""
+        if not self.others:
+            return ()
+        chosen = set(self.query_one("#edit-nodes", SelectionList).selected)
+        return tuple(node_id for node_id in self.others if node_id in chosen)
+
+    def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
+        if event.checkbox.id == "edit-every-node":
+            event.stop()
+            nodes = self.query_one("#edit-nodes", SelectionList)
+            with nodes.prevent(SelectionList.SelectedChanged):
+                nodes.select_all() if event.value else nodes.deselect_all()
+
+    def on_selection_list_selected_changed(self, event: SelectionList.SelectedChanged[str]) -> None:
+        event.stop()
+        every = self.query_one("#edit-every-node", Checkbox)
+        with every.prevent(Checkbox.Changed):
+            every.value = len(event.selection_list.selected) == len(self.others)
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.action_submit()
@@ -140,11 +162,9 @@ class PolicyEditScreen(ModalScreen[PolicyChange | None]):
             return
         every = self.query("#edit-every-unit")
         every_unit = bool(every) and self.query_one("#edit-every-unit", Checkbox).value
-        every_node = bool(self.query("#edit-every-node")) and self.query_one("#edit-every-node", Checkbox).value
         texts = {name: field.value for name, field in self.inputs.items() if not field.disabled}
         try:
-            change = build_change(self.node, self.unit_id, policy, texts, every_unit=every_unit,
-                                  also=self.others if every_node else ())
+            change = build_change(self.node, self.unit_id, policy, texts, every_unit=every_unit, also=self.also)
         except ValueError as exc:
             self.query_one("#edit-error", Static).update(str(exc))
             return
