@@ -61,6 +61,19 @@ async def agent() -> AsyncIterator[tuple[Hub, AgentServer]]:
         await server.stop()
 
 
+@asynccontextmanager
+async def fleet(hubs: list[Hub]) -> AsyncIterator[ConsoleApp]:
+    """Each hub served by an agent of its own, and a console of all of them with the control token."""
+    servers = [make_server(hub, speed=1.0) for hub in hubs]
+    for server in servers:
+        await server.start()
+    try:
+        yield ConsoleApp([LiveFeed(s.url, delays=fast_delays) for s in servers], refresh_s=0.25, token=TOKEN)
+    finally:
+        for server in servers:
+            await server.stop()
+
+
 def live_app(server: AgentServer, **kwargs: object) -> ConsoleApp:
     return ConsoleApp([LiveFeed(server.url, delays=fast_delays)], refresh_s=0.25, **kwargs)  # type: ignore[arg-type]
 
@@ -260,43 +273,35 @@ def test_one_edit_on_every_node_or_on_none() -> None:
 
     async def go() -> None:
         hubs = [make_hub(units=2, workload=WORKLOAD), make_hub(units=3, workload=WORKLOAD, node_id="node-b")]
-        servers = [make_server(hub, speed=1.0) for hub in hubs]
-        for server in servers:
-            await server.start()
-        try:
-            app = ConsoleApp([LiveFeed(s.url, delays=fast_delays) for s in servers], refresh_s=0.25, token=TOKEN)
-            async with app.run_test(size=(100, 30)) as pilot:
-                screen = await policies_screen(pilot, "unit:node-b:2")
-                await until(pilot, lambda: len(app.state.nodes) == 2, "both nodes")
-                await pilot.press("e")
-                form = app.screen
-                assert isinstance(form, PolicyEditScreen) and form.others == ("test-node",)
-                form.query_one("#edit-policy", Select).value = "sarathi"
-                await until(pilot, lambda: form.chosen_policy == "sarathi", "the policy choice")
-                form.query_one("#edit-every-node", Checkbox).value = True  # unit 2: test-node has none
-                await until(pilot, lambda: form.also == ("test-node",), "every node chosen")
-                await pilot.press("ctrl+s")
-                await until(pilot, lambda: "nothing sent to any node" in reply_text(screen), "the refusal")
-                assert "test-node: unknown_unit" in reply_text(screen)
-                assert [results(h) for h in hubs] == [["rejected"], ["dry_run"]]
-                await pilot.press("e")
-                form = app.screen
-                assert isinstance(form, PolicyEditScreen)
-                form.query_one("#edit-policy", Select).value = "sarathi"
-                await until(pilot, lambda: form.chosen_policy == "sarathi", "the policy choice")
-                form.query_one("#edit-every-unit", Checkbox).value = True
-                form.query_one("#edit-every-node", Checkbox).value = True
-                await until(pilot, lambda: form.also == ("test-node",), "every node chosen")
-                await pilot.press("ctrl+s")
-                confirm = await confirm_screen(pilot)
-                assert "node-b: u2: policy vllm -> sarathi" in confirm.lines
-                assert "test-node: u1: policy vllm -> sarathi" in confirm.lines
-                await pilot.press("y")
-                await until(pilot, lambda: "applied on 2 nodes" in reply_text(screen), "the reply")
-                assert [[u.policy.name for u in h.node.units] for h in hubs] == [["sarathi"] * 2, ["sarathi"] * 3]
-        finally:
-            for server in servers:
-                await server.stop()
+        async with fleet(hubs) as app, app.run_test(size=(100, 30)) as pilot:
+            screen = await policies_screen(pilot, "unit:node-b:2")
+            await until(pilot, lambda: len(app.state.nodes) == 2, "both nodes")
+            await pilot.press("e")
+            form = app.screen
+            assert isinstance(form, PolicyEditScreen) and form.others == ("test-node",)
+            form.query_one("#edit-policy", Select).value = "sarathi"
+            await until(pilot, lambda: form.chosen_policy == "sarathi", "the policy choice")
+            form.query_one("#edit-every-node", Checkbox).value = True  # unit 2: test-node has none
+            await until(pilot, lambda: form.also == ("test-node",), "every node chosen")
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: "nothing sent to any node" in reply_text(screen), "the refusal")
+            assert "test-node: unknown_unit" in reply_text(screen)
+            assert [results(h) for h in hubs] == [["rejected"], ["dry_run"]]
+            await pilot.press("e")
+            form = app.screen
+            assert isinstance(form, PolicyEditScreen)
+            form.query_one("#edit-policy", Select).value = "sarathi"
+            await until(pilot, lambda: form.chosen_policy == "sarathi", "the policy choice")
+            form.query_one("#edit-every-unit", Checkbox).value = True
+            form.query_one("#edit-every-node", Checkbox).value = True
+            await until(pilot, lambda: form.also == ("test-node",), "every node chosen")
+            await pilot.press("ctrl+s")
+            confirm = await confirm_screen(pilot)
+            assert "node-b: u2: policy vllm -> sarathi" in confirm.lines
+            assert "test-node: u1: policy vllm -> sarathi" in confirm.lines
+            await pilot.press("y")
+            await until(pilot, lambda: "applied on 2 nodes" in reply_text(screen), "the reply")
+            assert [[u.policy.name for u in h.node.units] for h in hubs] == [["sarathi"] * 2, ["sarathi"] * 3]
 
     run(go, timeout_s=90)
 
@@ -307,39 +312,31 @@ def test_one_edit_on_the_nodes_chosen() -> None:
 
     async def go() -> None:
         hubs = [make_hub(units=2, workload=WORKLOAD, node_id=n) for n in ("test-node", "node-b", "node-c")]
-        servers = [make_server(hub, speed=1.0) for hub in hubs]
-        for server in servers:
-            await server.start()
-        try:
-            app = ConsoleApp([LiveFeed(s.url, delays=fast_delays) for s in servers], refresh_s=0.25, token=TOKEN)
-            async with app.run_test(size=(100, 30)) as pilot:
-                await until(pilot, lambda: len(app.state.nodes) == 3, "three nodes")
-                screen = await policies_screen(pilot, "unit:test-node:1")
-                await pilot.press("e")
-                form = app.screen
-                assert isinstance(form, PolicyEditScreen) and sorted(form.others) == ["node-b", "node-c"]
-                assert form.also == ()  # none chosen until asked
-                form.query_one("#edit-policy", Select).value = "sarathi"
-                await until(pilot, lambda: form.chosen_policy == "sarathi", "the policy choice")
-                every = form.query_one("#edit-every-node", Checkbox)
-                every.value = True
-                await until(pilot, lambda: sorted(form.also) == ["node-b", "node-c"], "every node chosen")
-                form.query_one("#edit-nodes", SelectionList).deselect("node-b")
-                await until(pilot, lambda: not every.value, "every node unticked")
-                assert form.also == ("node-c",)
-                await pilot.press("ctrl+s")
-                confirm = await confirm_screen(pilot)
-                assert "test-node: u1: policy vllm -> sarathi" in confirm.lines
-                assert "node-c: u1: policy vllm -> sarathi" in confirm.lines
-                assert not [line for line in confirm.lines if "node-b" in line]
-                await pilot.press("y")
-                await until(pilot, lambda: "applied on 2 nodes" in reply_text(screen), "the reply")
-                assert [[u.policy.name for u in h.node.units] for h in hubs] == [
-                    ["vllm", "sarathi"], ["vllm", "vllm"], ["vllm", "sarathi"]]
-                assert results(hubs[1]) == []
-        finally:
-            for server in servers:
-                await server.stop()
+        async with fleet(hubs) as app, app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: len(app.state.nodes) == 3, "three nodes")
+            screen = await policies_screen(pilot, "unit:test-node:1")
+            await pilot.press("e")
+            form = app.screen
+            assert isinstance(form, PolicyEditScreen) and sorted(form.others) == ["node-b", "node-c"]
+            assert form.also == ()  # none chosen until asked
+            form.query_one("#edit-policy", Select).value = "sarathi"
+            await until(pilot, lambda: form.chosen_policy == "sarathi", "the policy choice")
+            every = form.query_one("#edit-every-node", Checkbox)
+            every.value = True
+            await until(pilot, lambda: sorted(form.also) == ["node-b", "node-c"], "every node chosen")
+            form.query_one("#edit-nodes", SelectionList).deselect("node-b")
+            await until(pilot, lambda: not every.value, "every node unticked")
+            assert form.also == ("node-c",)
+            await pilot.press("ctrl+s")
+            confirm = await confirm_screen(pilot)
+            assert "test-node: u1: policy vllm -> sarathi" in confirm.lines
+            assert "node-c: u1: policy vllm -> sarathi" in confirm.lines
+            assert not [line for line in confirm.lines if "node-b" in line]
+            await pilot.press("y")
+            await until(pilot, lambda: "applied on 2 nodes" in reply_text(screen), "the reply")
+            assert [[u.policy.name for u in h.node.units] for h in hubs] == [
+                ["vllm", "sarathi"], ["vllm", "vllm"], ["vllm", "sarathi"]]
+            assert results(hubs[1]) == []
 
     run(go, timeout_s=90)
 
