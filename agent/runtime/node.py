@@ -35,8 +35,9 @@ from agent.engine.base import Engine, Migrant, RequestOutcome, StepRecord
 from agent.runtime.clock import Clock, VirtualClock
 from agent.runtime.desk import DispatchDesk
 from agent.runtime.gc_control import GcController
+from agent.runtime.lockstep import lockstep_groups_of
 from agent.runtime.node_driver import NodeDriver
-from agent.runtime.port import SETTABLE_MODES
+from agent.runtime.port import check_settable
 from agent.runtime.records import (
     DispatchHook,
     MigrateHook,
@@ -97,7 +98,7 @@ class Node:
             raise ValueError("units are either all mixed (colocated) or prefill and decode (disaggregated)")
         self.disaggregated = "prefill" in roles
         self._index = {u.unit_id: i for i, u in enumerate(self.units)}
-        self.lockstep_groups = self._lockstep_groups(lockstep, lockstep_groups)
+        self.lockstep_groups = lockstep_groups_of(self._index, lockstep, lockstep_groups)
         """Unit ids of each lockstep group (an instance); empty without lockstep."""
         self.lockstep = bool(self.lockstep_groups)
         if pass_sync_s < 0 or (pass_sync_s and not self.lockstep):
@@ -179,22 +180,6 @@ class Node:
         self.num_migrations_skipped = 0
         """Migrations a dispatcher asked for that could not start (request gone, moving already, bad target)."""
         self.num_faults = 0
-
-    def _lockstep_groups(self, lockstep: bool, groups: Sequence[Sequence[int]] | None) -> tuple[tuple[int, ...], ...]:
-        """The groups as unit ids, checked: known units, none in two groups, no empty group."""
-        if groups is None:
-            return (tuple(u.unit_id for u in self.units),) if lockstep else ()
-        if lockstep:
-            raise ValueError("give lockstep=True (one group of every unit) or lockstep_groups, not both")
-        out = tuple(tuple(members) for members in groups)
-        flat = [unit_id for ids in out for unit_id in ids]
-        if not all(out):
-            raise ValueError("a lockstep group needs at least one unit")
-        if unknown := [u for u in flat if u not in self._index]:
-            raise ValueError(f"lockstep groups name unit {unknown[0]}, which the node does not have")
-        if len(set(flat)) < len(flat):
-            raise ValueError(f"unit {next(u for u in flat if flat.count(u) > 1)} is in two lockstep groups")
-        return out
 
     def unit_group(self, unit_id: int) -> int | None:
         """The lockstep group (instance) of a unit, None when it steps on its own."""
@@ -390,8 +375,7 @@ class Node:
         keeps stepping until empty. Requests held at the dispatcher because no unit took them are offered
         again when a unit becomes active.
         """
-        if mode not in SETTABLE_MODES:
-            raise ValueError(f"unknown unit mode {mode!r} ({', '.join(SETTABLE_MODES)})")
+        check_settable(mode)
         index = self.unit_index(unit_id)
         old = self.unit_modes[index]
         if old == "failed":

@@ -29,6 +29,15 @@ from policies.types import RequestView, UnitLoad
 
 SETTABLE_MODES = ("active", "draining", "paused")
 """The unit modes control sets (``failed`` is a fault's, or ``fail_unit``'s), in both kinds of node."""
+
+
+def check_settable(mode: str) -> None:
+    """``ValueError`` for a mode that control cannot set (:data:`SETTABLE_MODES`), in both kinds of node's
+    ``set_unit_mode``."""
+    if mode not in SETTABLE_MODES:
+        raise ValueError(f"unknown unit mode {mode!r} ({', '.join(SETTABLE_MODES)})")
+
+
 StepHook = Callable[[StepRecord], None]
 FinishHook = Callable[[RequestOutcome], None]
 RequestHook = Callable[[RequestEventKind, RequestState], None]

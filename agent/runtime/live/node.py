@@ -52,7 +52,7 @@ from agent.runtime.live.requests import (
     RequestRejected,
     RequestStream,
 )
-from agent.runtime.port import SETTABLE_MODES, FaultHook, FinishHook, RequestHook, Settled, StepHook
+from agent.runtime.port import FaultHook, FinishHook, RequestHook, Settled, StepHook, check_settable
 from agent.runtime.records import DispatchHook, MigrateHook, MigrationRecord, PreemptHook, RequestState
 from agent.workload.prompts import prompt_ids
 from agent.workload.types import RequestSpec
@@ -240,8 +240,7 @@ class LiveClusterNode:
     def set_unit_mode(self, unit_id: int, mode: str) -> str:
         """``active``, ``draining`` (no new requests, the unit finishes its own) or ``paused`` (no new requests and
         no steps: vLLM's ``pause_generation(mode="keep")``); the engine's part completes in :meth:`settle`."""
-        if mode not in SETTABLE_MODES:
-            raise ValueError(f"unknown unit mode {mode!r} ({', '.join(SETTABLE_MODES)})")
+        check_settable(mode)
         index = self.unit_index(unit_id)
         old = self.unit_modes[index]
         if old == "failed":
