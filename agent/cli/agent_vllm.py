@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
              "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager", "gpus",
              "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "no_restart", "engine_hang_s",
-             "pending_timeout_s", "openai_arg", "restart_attempts", "uvloop", "openai_reuse_port", "agents")
+             "pending_timeout_s", "openai_arg", "restart_attempts", "uvloop", "openai_reuse_port", "agents",
+             "openai_frontends")
 """Flags of ``--engine vllm`` only (a simulated agent refuses them)."""
 SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "instance_size": 0, "migration": "live",
             "speed": 1.0}
@@ -99,6 +100,11 @@ def add_vllm_options(agent: Any) -> None:
                    help="bind --serve-openai's port with SO_REUSEPORT (Linux), so that several agents of one node, "
                    "each on its own GPUs, share one OpenAI port and the kernel spreads the connections between "
                    "them (docs/deploy.md, \"Several agents on one node\")")
+    v.add_argument("--openai-frontends", type=int, default=0, metavar="N",
+                   help="serve --serve-openai from N front-end processes on one port (SO_REUSEPORT, Linux), which "
+                   "render, tokenize and write responses while this process keeps the units, the dispatcher and "
+                   "the telemetry; restarted if they exit (default 0: this process serves it; docs/vllm.md, "
+                   "\"Several front-end processes for one agent\")")
     v.add_argument("--uvloop", action=argparse.BooleanOptionalAction, default=None,
                    help="run the agent's event loop on uvloop, as vllm serve runs its API server (default on; "
                    "--no-uvloop: asyncio's own loop; docs/vllm.md, \"Issue #14 item 8 with the agent on uvloop\")")
@@ -148,6 +154,12 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
     if args.openai_reuse_port and (sys.platform != "linux" or not hasattr(socket, "SO_REUSEPORT")):
         raise ServeError("--openai-reuse-port needs Linux: only its kernel spreads a port's connections between "
                          "the processes that share it")
+    if args.openai_frontends < 0:
+        raise ServeError("--openai-frontends must be >= 0 (0: this process serves the OpenAI port)")
+    if args.openai_frontends and serve is None:
+        raise ServeError("--openai-frontends N serves --serve-openai's port: give --serve-openai HOST:PORT")
+    if args.openai_frontends > 1 and (sys.platform != "linux" or not hasattr(socket, "SO_REUSEPORT")):
+        raise ServeError("--openai-frontends N > 1 needs Linux: the front ends share one port (SO_REUSEPORT)")
     requests: Sequence[RequestSpec] = ()
     if args.trace is not None:
         requests = load_trace(args.trace)
@@ -199,6 +211,7 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         ttft_slo_s=args.slo_ttft_ms / 1e3, tpot_slo_s=args.slo_tpot_ms / 1e3, serve_openai=serve,
         served_model_name=args.served_model_name, requests=requests, seed=args.seed, restart=not args.no_restart,
         openai_args=tuple(args.openai_arg or ()), openai_reuse_port=args.openai_reuse_port,
+        openai_frontends=args.openai_frontends, uvloop=args.uvloop is not False,
     )
     if args.engine_hang_s is not None:  # 0: no limit
         config = replace(config, engine_hang_s=args.engine_hang_s or None)
@@ -254,6 +267,7 @@ def dry_run_document(args: argparse.Namespace, plan: dict[str, Any], config: Vll
         "slo_tpot_ms": args.slo_tpot_ms, "listen": host_port(*parse_listen(args.listen)),
         "serve_openai": host_port(*serve) if serve else None,
         "openai_reuse_port": config.openai_reuse_port,
+        "openai_frontends": config.openai_frontends,
         "event_loop": "asyncio" if args.uvloop is False else "uvloop",
         "workload": {"trace": str(args.trace) if args.trace else None, "workload": args.workload,
                      "num_requests": len(config.requests)} if config.requests else None,

@@ -78,6 +78,10 @@ class VllmAgentConfig:
     """``vllm serve`` front-end options for the OpenAI app as ``KEY=VALUE`` (``chat_template=FILE``...)."""
     openai_reuse_port: bool = False
     """Bind the OpenAI port with ``SO_REUSEPORT``: several agents of one node share it (Linux spreads connections)."""
+    openai_frontends: int = 0
+    """Front-end processes serving the OpenAI port (``agent.service.frontends``); 0: the agent's own process."""
+    uvloop: bool = True
+    """The event loop the front-end processes run (the agent's own is its caller's)."""
     requests: Sequence[RequestSpec] = field(default_factory=tuple)
     """A workload to replay (arrival times from the start of serving)."""
     seed: int = 0
@@ -133,6 +137,40 @@ def start_units(units: Sequence[VllmUnit], out: TextIO = sys.stderr) -> None:
               f"({unit.num_blocks} KV blocks of {unit.block_size} tokens)", file=out, flush=True)
 
 
+async def start_openai(config: VllmAgentConfig, cluster: LiveCluster[VllmUnit], hub: Hub, node_id: str,
+                       out: TextIO) -> Any:
+    """Serve the OpenAI port: in this process, or from ``config.openai_frontends`` front-end processes."""
+    from agent.engine.vllm.openai_app import frontend_tokens
+
+    assert config.serve_openai is not None
+    args = frontend_tokens(config.openai_args)
+
+    def say(text: str) -> None:
+        print(f"trackside agent: {text}", file=out, flush=True)
+
+    openai: Any
+    if config.openai_frontends:
+        from agent.service.frontends import Frontends, FrontendStartError
+
+        openai = Frontends(cluster, config.openai_frontends, *config.serve_openai, model_name=config.model_name,
+                           frontend_args=args, metrics=hub.metrics_text, follow_units=config.openai_reuse_port,
+                           node_id=node_id, uvloop=config.uvloop, say=say)
+        try:
+            await openai.start()
+        except FrontendStartError as exc:
+            raise AgentStartError(f"the OpenAI front ends did not start: {exc}") from None
+        say(f"OpenAI API at {openai.base_url} ({config.openai_frontends} front-end processes, PIDs "
+            f"{', '.join(str(p) for p in openai.pids)})")
+        return openai
+    from agent.service.openai_server import OpenAIServer
+
+    openai = OpenAIServer(cluster, *config.serve_openai, model_name=config.model_name, frontend_args=args,
+                          metrics=hub.metrics_text, reuse_port=config.openai_reuse_port, node_id=node_id, say=say)
+    await openai.start()
+    say(f"OpenAI API at {openai.base_url}")
+    return openai
+
+
 def runnable(requests: Sequence[RequestSpec], max_model_len: int) -> list[RequestSpec]:
     """The requests whose prompt and output fit the model's length."""
     return [r for r in requests if r.prompt_tokens + r.output_tokens <= max_model_len]
@@ -178,15 +216,7 @@ async def run_agent(
                   f"batch policy {config.batch_policy}, dispatch {dispatcher.name}, {loop_name} event loop"
                   f"{f', {len(requests)} requests to replay' if requests else ''})", file=out, flush=True)
             if config.serve_openai is not None:
-                from agent.engine.vllm.openai_app import frontend_tokens
-                from agent.service.openai_server import OpenAIServer
-
-                openai = OpenAIServer(cluster, *config.serve_openai, model_name=config.model_name,
-                                      frontend_args=frontend_tokens(config.openai_args), metrics=hub.metrics_text,
-                                      reuse_port=config.openai_reuse_port, node_id=node_id,
-                                      say=lambda text: print(f"trackside agent: {text}", file=out, flush=True))
-                await openai.start()
-                print(f"trackside agent: OpenAI API at {openai.base_url}", file=out, flush=True)
+                openai = await start_openai(config, cluster, hub, node_id, out)
             freeze_startup_heap()  # engines, app and telemetry are up: nothing below traverses them again
             watcher = asyncio.create_task(watch_loop(hub))  # an alert when this loop limits the node
             waits = [asyncio.create_task(stop.wait())]

@@ -35,7 +35,7 @@ import json
 import logging
 import math
 import socket
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +62,9 @@ neither the unit's header nor a refusal's status: a refusal ends that stream wit
 class _Ticket:
     """The requests one HTTP request submitted (a completion with several prompts submits several)."""
 
-    streams: list[RequestStream] = field(default_factory=list)
+    streams: list[Any] = field(default_factory=list)
+    """``RequestStream`` s, or a front end's ``RemoteStream`` s: what :func:`refusal` and :func:`served_headers`
+    read (``error``, ``unit_id``, ``outcome``)."""
 
 
 _ticket: ContextVar[_Ticket | None] = ContextVar("trackside_http_ticket", default=None)
@@ -110,10 +112,13 @@ def served_headers(streams: Sequence[RequestStream]) -> list[tuple[bytes, bytes]
 class TracksideMiddleware:
     """Statuses for refused requests and ``x-trackside-*`` headers around vLLM's app (see the module)."""
 
-    def __init__(self, app: ASGIApp, *, retry_after_s: float = 1.0, node_id: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, *, retry_after_s: float = 1.0, node_id: str | None = None,
+                 frontend: int | None = None) -> None:
         self.app = app
         self.retry_after_s = retry_after_s
         self._node = [(b"x-trackside-node", node_id.encode())] if node_id else []
+        if frontend is not None:
+            self._node.append((b"x-trackside-frontend", str(frontend).encode()))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") not in ROUTED_PATHS:
@@ -160,21 +165,36 @@ class TracksideMiddleware:
             _ticket.reset(token)
 
 
+def ticketed(submit: Callable[..., Routed]) -> Callable[..., Routed]:
+    """``submit``, each routed request remembered for the HTTP request that made it (its status and headers,
+    :class:`TracksideMiddleware`)."""
+
+    def submit_(*args: Any, **kwargs: Any) -> Routed:
+        routed = submit(*args, **kwargs)
+        ticket = _ticket.get()
+        if ticket is not None:
+            ticket.streams.append(routed)
+        return routed
+
+    return submit_
+
+
 def routed_submit(cluster: LiveCluster[VllmUnit]) -> Callable[..., Routed]:
     """The engine client's way into the cluster: each tokenized request is queued at the dispatcher with vLLM's
     sampling parameters, and remembered for the HTTP request that made it (its status and headers)."""
 
     def submit(request_id: str, prompt_token_ids: list[int], params: Any, *, ttft_slo_s: float | None,
                tpot_slo_s: float | None, arrival_s: float) -> Routed:
-        max_tokens = int(params.max_tokens) if params.max_tokens is not None else 16
-        stream = cluster.submit(ClusterRequest(request_id, prompt_token_ids, max_tokens, ttft_slo_s=ttft_slo_s,
-                                               tpot_slo_s=tpot_slo_s, arrival_s=arrival_s, params=params))
-        ticket = _ticket.get()
-        if ticket is not None:
-            ticket.streams.append(stream)
-        return stream
+        return cluster.submit(ClusterRequest(request_id, prompt_token_ids, cluster_max_tokens(params),
+                                             ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, arrival_s=arrival_s,
+                                             params=params))
 
-    return submit
+    return ticketed(submit)
+
+
+def cluster_max_tokens(params: Any) -> int:
+    """The output length a request of vLLM's ``SamplingParams`` may reach (vLLM's default, 16, when unset)."""
+    return int(params.max_tokens) if params.max_tokens is not None else 16
 
 
 async def build_app(cluster: LiveCluster[VllmUnit], *, model_name: str | None = None, frontend_args: Sequence[str] = (),
@@ -187,6 +207,15 @@ async def build_app(cluster: LiveCluster[VllmUnit], *, model_name: str | None = 
     name = model_name or cluster.units[0].options.model
     if args is None:
         args = frontend_namespace(str(client.model_config.model), name, frontend_args)
+    return await routed_app(client, args, metrics=metrics, retry_after_s=max(1.0, cluster.ttft_slo_s),
+                            node_id=node_id)
+
+
+async def routed_app(client: RoutedEngineClient, args: argparse.Namespace, *,
+                     metrics: Callable[[], str | Awaitable[str]] | None, retry_after_s: float,
+                     node_id: str | None, frontend: int | None = None) -> ASGIApp:
+    """vLLM's OpenAI app over ``client``, ``/metrics`` serving ``metrics()`` (None: vLLM's route), wrapped in
+    :class:`TracksideMiddleware`; ``frontend``: the front-end process's index, for its header."""
     app = await build_openai_app(client, args)
     if metrics is not None:
         from starlette.responses import PlainTextResponse
@@ -196,12 +225,15 @@ async def build_app(cluster: LiveCluster[VllmUnit], *, model_name: str | None = 
         async def metrics_route() -> PlainTextResponse:
             # A coroutine, so that it runs on the loop's thread with the hub it reads (FastAPI runs a plain
             # function endpoint in a worker thread: the hub's flush there raced the loop's own telemetry).
-            return PlainTextResponse(render(), media_type="text/plain; version=0.0.4")
+            text = render()
+            if not isinstance(text, str):
+                text = await text
+            return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
         app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/metrics"]
         app.add_api_route("/metrics", metrics_route, methods=["GET"], include_in_schema=False)
     app.state.trackside_client = client
-    return TracksideMiddleware(app, retry_after_s=max(1.0, cluster.ttft_slo_s), node_id=node_id)
+    return TracksideMiddleware(app, retry_after_s=retry_after_s, node_id=node_id, frontend=frontend)
 
 
 def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -241,26 +273,18 @@ class EmbeddedServer(uvicorn.Server):
         yield
 
 
-class OpenAIServer:
-    """uvicorn serving vLLM's OpenAI app over the cluster, on a loopback (or given) address, in the running loop.
+class AppServer:
+    """uvicorn serving an ASGI app on a loopback (or given) address, in the running loop: the part of the OpenAI
+    intake that does not depend on where the units are (in this process: :class:`OpenAIServer`; in the main process,
+    for a front-end process: ``agent.service.frontend``).
 
-    ``frontend_args``: ``vllm serve`` front-end flags (``--chat-template``, ``--api-key``...), checked by vLLM;
-    ``metrics``: the text ``GET /metrics`` serves (the agent's; None keeps vLLM's route).
-    ``reuse_port``: the port may be shared with other agents (``listening_socket``); ``node_id``: the agent's, in
-    each routed response's ``x-trackside-node`` header; ``say``: where a shared port's changes are told (default: this
+    ``reuse_port``: the port may be shared with other processes (``listening_socket``); ``follow_units``: let it go
+    while no unit serves (:meth:`_follow_units`); ``say``: where a shared port's changes are told (default: this
     module's log, at warning).
     """
 
-    def __init__(self, cluster: LiveCluster[VllmUnit], host: str = "127.0.0.1", port: int = 8000, *,
-                 model_name: str | None = None, frontend_args: Sequence[str] = (),
-                 metrics: Callable[[], str] | None = None, log_level: str = "warning",
-                 reuse_port: bool = False, node_id: str | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
-        self.cluster = cluster
-        self.model_name = model_name or cluster.units[0].options.model
-        # Parsed once, here: bad flags fail before the port is bound.
-        self._args = frontend_namespace(str(cluster.units[0].llm.model_config.model), self.model_name, frontend_args)
-        self._metrics = metrics
+    def __init__(self, host: str, port: int, *, reuse_port: bool = False, follow_units: bool = False,
+                 log_level: str = "warning", say: Callable[[str], None] | None = None) -> None:
         self.app: Any = None
         """The ASGI app served (set by :meth:`start`)."""
         self._sock = listening_socket(host, port, reuse_port)
@@ -268,8 +292,7 @@ class OpenAIServer:
         self.port = int(self._sock.getsockname()[1])
         """The bound port (the one the OS chose for ``port=0``)."""
         self._log_level = log_level
-        self._node_id = node_id
-        self._reuse_port = reuse_port
+        self._follow_units_on = follow_units
         self._say = say or log.warning
         self._server: EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -281,11 +304,20 @@ class OpenAIServer:
     def base_url(self) -> str:
         return f"http://{host_port(self.host, self.port)}/v1"
 
+    def serving(self) -> int:
+        """How many units serve now."""
+        raise NotImplementedError
+
+    async def build(self) -> ASGIApp:
+        """The app to serve (called once, by :meth:`start`)."""
+        raise NotImplementedError
+
+    async def close_units(self) -> None:
+        """What :meth:`stop` does between stopping the server's intake and awaiting it (abort what is in flight)."""
+
     async def start(self) -> None:
         """Serve in the background; returns once the server accepts connections."""
-        self.cluster.start()
-        self.app = await build_app(self.cluster, model_name=self.model_name, args=self._args,
-                                   metrics=self._metrics, node_id=self._node_id)
+        self.app = await self.build()
         self._server = EmbeddedServer(uvicorn.Config(self.app, log_level=self._log_level, lifespan="off",
                                                      timeout_graceful_shutdown=2))
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
@@ -295,11 +327,11 @@ class OpenAIServer:
                 raise RuntimeError("the HTTP server stopped while starting")
             await asyncio.sleep(0.01)
         self.accepting = True
-        if self._reuse_port:
+        if self._follow_units_on:
             self._follow = asyncio.get_running_loop().create_task(self._follow_units())
 
     async def _follow_units(self, interval_s: float = 0.25) -> None:
-        """On a shared port (``reuse_port``): stop taking connections while none of the units serves, so that the
+        """On a port shared with other agents: stop taking connections while none of the units serves, so that the
         kernel gives them to the other agents on the port, and take them again once one serves (an agent on a port
         of its own keeps it and answers 503). The connections it holds are closed when it lets the port go, as
         uvicorn's graceful shutdown closes them (an idle one at once, a busy one after its response), so that a
@@ -307,7 +339,7 @@ class OpenAIServer:
         assert self._server is not None
         while True:
             await asyncio.sleep(interval_s)
-            serving = self.cluster.num_serving > 0
+            serving = self.serving() > 0
             if self.accepting and not serving:
                 for server in self._server.servers:
                     server.close()  # its listening socket only: connections stay open
@@ -335,7 +367,41 @@ class OpenAIServer:
             await asyncio.gather(self._follow, return_exceptions=True)
         if self._server is not None:
             self._server.should_exit = True
-        await self.cluster.close()
+        await self.close_units()
         if self._task is not None:
             await self._task
         self._sock.close()
+
+
+class OpenAIServer(AppServer):
+    """vLLM's OpenAI app over the cluster, served in the agent's own process (see :class:`AppServer`).
+
+    ``frontend_args``: ``vllm serve`` front-end flags (``--chat-template``, ``--api-key``...), checked by vLLM;
+    ``metrics``: the text ``GET /metrics`` serves (the agent's; None keeps vLLM's route).
+    ``reuse_port``: the port may be shared with other agents, and is let go while no unit serves; ``node_id``: the
+    agent's, in each routed response's ``x-trackside-node`` header.
+    """
+
+    def __init__(self, cluster: LiveCluster[VllmUnit], host: str = "127.0.0.1", port: int = 8000, *,
+                 model_name: str | None = None, frontend_args: Sequence[str] = (),
+                 metrics: Callable[[], str] | None = None, log_level: str = "warning",
+                 reuse_port: bool = False, node_id: str | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.cluster = cluster
+        self.model_name = model_name or cluster.units[0].options.model
+        # Parsed once, here: bad flags fail before the port is bound.
+        self._args = frontend_namespace(str(cluster.units[0].llm.model_config.model), self.model_name, frontend_args)
+        self._metrics = metrics
+        self._node_id = node_id
+        super().__init__(host, port, reuse_port=reuse_port, follow_units=reuse_port, log_level=log_level, say=say)
+
+    def serving(self) -> int:
+        return self.cluster.num_serving
+
+    async def build(self) -> ASGIApp:
+        self.cluster.start()
+        return await build_app(self.cluster, model_name=self.model_name, args=self._args, metrics=self._metrics,
+                               node_id=self._node_id)
+
+    async def close_units(self) -> None:
+        await self.cluster.close()

@@ -68,3 +68,41 @@ async def build_openai_app(client: Any, args: argparse.Namespace) -> Any:
     app = build_app(args, TASKS, client.model_config)
     await init_app_state(client, app.state, args, TASKS)
     return app
+
+
+class FrontendModel:
+    """The units' model as a front-end process sees it (``--openai-frontends``): the engine client's
+    ``vllm_config``, ``model_config``, ``renderer`` and ``input_processor``, built from the main process's
+    ``vllm_config`` the way vLLM's ``AsyncLLM`` builds its own (``renderer_from_config``, ``InputProcessor``), and
+    the calls vLLM's app makes on every engine (profiling, cache resets) handed to ``call``, which asks the main
+    process."""
+
+    errored = False
+
+    def __init__(self, vllm_config: Any, call: Any) -> None:
+        from vllm.renderers import renderer_from_config
+        from vllm.v1.engine.input_processor import InputProcessor
+
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.renderer = renderer_from_config(vllm_config)
+        self.input_processor = InputProcessor(vllm_config, self.renderer)
+        self._call = call
+
+    async def start_profile(self) -> None:
+        await self._call("start_profile")
+
+    async def stop_profile(self) -> None:
+        await self._call("stop_profile")
+
+    async def reset_mm_cache(self) -> None:
+        await self._call("reset_mm_cache")
+
+    async def reset_encoder_cache(self) -> None:
+        await self._call("reset_encoder_cache")
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        return bool(await self._call("reset_prefix_cache", reset_running_requests, reset_connector))
+
+    def shutdown(self) -> None:
+        self.renderer.shutdown()

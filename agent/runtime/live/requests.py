@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -92,6 +92,8 @@ class RequestStream:
         """Deltas not yet iterated, then ``_END`` (which stays: a further ``__anext__`` ends again); a deque and one
         waiter rather than an ``asyncio.Queue``, as vLLM's own output collector (fewer futures per token)."""
         self._waiter: asyncio.Future[None] | None = None
+        self._listener: Callable[[RequestStream], None] | None = None
+        """Told of each delta and of the end as they are queued, instead of an iterating consumer (:meth:`listen`)."""
         self._task: asyncio.Task[RequestOutcome] | None = None
         self._done = asyncio.Event()
 
@@ -129,6 +131,21 @@ class RequestStream:
             out.append(items.popleft())
         return out
 
+    def listen(self, listener: Callable[[RequestStream], None]) -> None:
+        """Have ``listener(self)`` called (synchronously, on the cluster's side) whenever a delta or the end is queued,
+        for a consumer that takes them with :meth:`drain` instead of iterating (one reader for many streams: the link
+        to front-end processes, ``agent.service.frontends``). Called at once if something is queued already."""
+        self._listener = listener
+        if self._items:
+            listener(self)
+
+    def drain(self) -> tuple[list[TokenDelta], bool]:
+        """The deltas queued since the last ones taken, and whether the stream ended after them (then ``outcome`` or
+        ``error`` says how); without waiting. The end stays queued, as for :meth:`ready`."""
+        out = self.ready()
+        items = self._items
+        return out, items is not None and bool(items) and items[0] is _END
+
     async def wait(self) -> RequestOutcome:
         """The outcome once the request finished; raises what iteration would raise."""
         await self._done.wait()
@@ -150,6 +167,8 @@ class RequestStream:
     def _put(self, item: TokenDelta | object) -> None:
         assert self._items is not None
         self._items.append(item)
+        if self._listener is not None:
+            self._listener(self)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

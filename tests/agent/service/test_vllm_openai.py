@@ -40,6 +40,7 @@ from agent.engine.vllm.options import EngineOptions
 from agent.engine.vllm.tiny_tokenizer import FAKE_TOKEN_TEXT
 from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.live.cluster import LiveCluster
+from agent.service.frontends import Frontends
 from agent.service.openai_server import EmbeddedServer, OpenAIServer
 from policies.base import DispatchPolicy
 from policies.registry import DISPATCH_POLICIES
@@ -56,9 +57,11 @@ OK = FAKE_TOKEN_TEXT
 
 
 class Served:
-    """Two fake-executor units, a least_loaded cluster and the HTTP server, on a loop in a background thread."""
+    """Two fake-executor units, a least_loaded cluster and the HTTP server, on a loop in a background thread: served
+    from that loop, or (``frontends`` > 0) from that many front-end processes linked to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, frontends: int = 0) -> None:
+        self.frontends = frontends
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="openai-server", daemon=True)
         self._thread.start()
@@ -75,7 +78,12 @@ class Served:
             unit.start()
             self.units.append(unit)
         self.cluster = LiveCluster(self.units, DISPATCH_POLICIES["least_loaded"](), ttft_slo_s=0.5, tpot_slo_s=0.05)
-        self.server = OpenAIServer(self.cluster, "127.0.0.1", 0, model_name=MODEL, metrics=self._metrics)
+        self.server: OpenAIServer | Frontends
+        if self.frontends:
+            self.server = Frontends(self.cluster, self.frontends, "127.0.0.1", 0, model_name=MODEL,
+                                    metrics=self._metrics)
+        else:
+            self.server = OpenAIServer(self.cluster, "127.0.0.1", 0, model_name=MODEL, metrics=self._metrics)
         await self.server.start()
 
     def _metrics(self) -> str:
@@ -131,9 +139,11 @@ class Served:
         return self.call(swap)
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    s = Served()
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "2-frontends"])
+def served(request: pytest.FixtureRequest) -> Iterator[Served]:
+    """The intake served from the agent's process, and from two front-end processes (``--openai-frontends 2``):
+    every test below holds for both."""
+    s = Served(request.param)
     try:
         yield s
     finally:
