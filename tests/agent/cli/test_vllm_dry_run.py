@@ -291,3 +291,22 @@ def test_the_event_loop_and_a_shared_openai_port(tmp_path: Path, capsys: pytest.
     assert main(["agent", "--engine", "vllm", "--model", MODEL, "--workload", "sharegpt-like:n=4",
                  "--openai-reuse-port", "--dry-run"]) == 2
     assert "--openai-reuse-port shares --serve-openai's port" in capsys.readouterr().err
+
+
+def test_openai_frontends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--openai-frontends N``: none by default (the agent's process serves the port); from the config file, the
+    command line over it; only with an OpenAI port, never negative."""
+    assert dry_run(capsys)["openai_frontends"] == 0
+    assert dry_run(capsys, "--openai-frontends", "4")["openai_frontends"] == 4
+    path = tmp_path / "node.toml"
+    path.write_text("openai_frontends = 2\n")
+    assert dry_run(capsys, "--config", str(path))["openai_frontends"] == 2
+    assert dry_run(capsys, "--config", str(path), "--openai-frontends", "0")["openai_frontends"] == 0
+    assert main(["agent", "--engine", "vllm", "--model", MODEL, "--workload", "sharegpt-like:n=4",
+                 "--openai-frontends", "2", "--dry-run"]) == 2
+    assert "--openai-frontends N serves --serve-openai's port" in capsys.readouterr().err
+    assert main(["agent", "--engine", "vllm", "--model", MODEL, "--serve-openai", ":0", "--openai-frontends", "-1",
+                 "--dry-run"]) == 2
+    assert "--openai-frontends must be >= 0" in capsys.readouterr().err
+    assert main(["agent", "--engine", "sim", "--openai-frontends", "2"]) == 2
+    assert "--openai-frontends" in capsys.readouterr().err
