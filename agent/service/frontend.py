@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from agent.engine.vllm.delta_codec import expand
 from agent.engine.vllm.engine_client import RoutedEngineClient
 from agent.engine.vllm.lifeline import watch_agent
 from agent.engine.vllm.openai_app import FrontendModel, frontend_namespace
@@ -84,10 +85,12 @@ class RemoteStream:
         self._client.abort(self.request_id)
         return True
 
-    def _take(self, unit_id: int | None, deltas: Sequence[TokenDelta], end: tuple[Any, Any] | None) -> None:
+    def _take(self, unit_id: int | None, deltas: Sequence[tuple[Any, ...]], end: tuple[Any, Any] | None) -> None:
+        """What the main process sent of this request: its deltas (``agent.engine.vllm.delta_codec``), the unit it is
+        on, and how it ended."""
         if unit_id is not None:
             self.unit_id = unit_id
-        self._items.extend(deltas)
+        self._items.extend(map(expand, deltas))
         if end is not None:
             self.outcome, self.error = end
             self.done = True

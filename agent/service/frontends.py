@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from agent.engine.vllm.delta_codec import compact
 from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.live.cluster import LiveCluster
 from agent.runtime.live.requests import ClusterRequest, RequestStream
@@ -80,7 +81,7 @@ class Link:
             if ended:
                 end = (stream.outcome, portable(stream.error))
                 self.streams.pop(stream.request_id, None)
-            out.append((stream.request_id, stream.unit_id, deltas, end))
+            out.append((stream.request_id, stream.unit_id, [compact(d) for d in deltas], end))
         self._dirty.clear()
         self._noted.clear()
         return ("out", out)

@@ -20,8 +20,9 @@ Main process to front end:
 
 * ``("hello", FrontendHello)``: what the front end serves and how
 * ``("serving", n)``: how many units serve, whenever it changes
-* ``("out", [(request_id, unit_id, deltas, end), ...])``: each request's ``TokenDelta`` s since the last frame and
-  the unit it is on; ``end`` is None, or ``(outcome, error)`` once the request ended
+* ``("out", [(request_id, unit_id, deltas, end), ...])``: each request's ``TokenDelta`` s since the last frame (as
+  ``agent.engine.vllm.delta_codec`` packs them) and the unit it is on; ``end`` is None, or ``(outcome, error)``
+  once the request ended
 * ``("reply", call_id, ok, value)``
 """
 

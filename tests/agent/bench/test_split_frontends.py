@@ -65,3 +65,22 @@ def test_the_procedure_on_the_fake_executor(tmp_path: Path, shared: bool) -> Non
     cpu = [*one["cpu"], *two["cpu"]] if shared else [b["cpu"] for b in [*one["benches"], *two["benches"]]]
     assert len(cpu) == 3 and all(c["server_us_per_output_token"] > 0 for c in cpu)  # one agent, then two
     assert result["throughput_ratio"] == pytest.approx(two["output_throughput"] / one["output_throughput"], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_the_intake_comparison_on_the_fake_executor(tmp_path: Path) -> None:
+    assert main(["--fake", "--frontends", "2", "--units", "1", "--out", str(tmp_path), "--prompts", "40",
+                 "--concurrency", "8", "--input-len", "32", "--output-len", "8", "--openai-port", "19340",
+                 "--listen-port", "19840"]) == 0
+    result = json.loads((tmp_path / "compare.json").read_text())
+    inproc, split = result["in_process"], result["2_frontends"]
+    assert "error" not in inproc and "error" not in split, (inproc.get("error"), split.get("error"))
+    assert "--openai-frontends" not in inproc["command"] and split["command"][-2:] == ["--openai-frontends", "2"]
+    assert inproc["frontend_pids"] == [] and len(split["frontend_pids"]) == 2 and len(split["frontend_cpu"]) == 2
+    for layout in (inproc, split):
+        row = layout["summary"]
+        assert row["completed"] == 40 and row["main_us_per_output_token"] > 0 and row["main_loop_busy"] is not None
+    assert split["summary"]["frontends_us_per_output_token"] > 0
+    assert inproc["summary"]["frontends_us_per_output_token"] is None
+    assert result["main_cpu_ratio"] == pytest.approx(
+        split["summary"]["main_us_per_output_token"] / inproc["summary"]["main_us_per_output_token"], abs=1e-3)
