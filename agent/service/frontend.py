@@ -22,7 +22,6 @@ import logging
 import os
 import signal
 import sys
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,54 +29,24 @@ from agent.engine.vllm.delta_codec import expand
 from agent.engine.vllm.engine_client import RoutedEngineClient
 from agent.engine.vllm.lifeline import watch_agent
 from agent.engine.vllm.openai_app import FrontendModel, frontend_namespace
-from agent.engine.vllm.sampling import TokenDelta
-from agent.runtime.live.requests import RequestRejected
+from agent.runtime.live.requests import Deltas, RequestRejected
 from agent.service.link import FrontendHello, Outbox, pack, read_frame
 from agent.service.openai_server import AppServer, refusal_status, routed_app, ticketed
 
 log = logging.getLogger(__name__)
 
-_END = object()
 
-
-class RemoteStream:
+class RemoteStream(Deltas):
     """A request in the main process, as its front end reads it: its deltas, the unit it is on, how it ended (the
     parts of a ``RequestStream`` that the engine client and the middleware read)."""
 
     def __init__(self, request_id: str, client: LinkClient) -> None:
+        super().__init__()
         self.request_id = request_id
         self.unit_id: int | None = None
         self.outcome: Any = None
-        self.error: BaseException | None = None
         self._client = client
-        self._items: deque[Any] = deque()
-        self._waiter: asyncio.Future[None] | None = None
         self.done = False
-
-    def __aiter__(self) -> RemoteStream:
-        return self
-
-    async def __anext__(self) -> TokenDelta:
-        items = self._items
-        while not items:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-        if items[0] is _END:
-            if self.error is not None:
-                raise self.error
-            raise StopAsyncIteration
-        delta: TokenDelta = items.popleft()
-        return delta
-
-    def ready(self) -> list[TokenDelta]:
-        items = self._items
-        out: list[TokenDelta] = []
-        while items and items[0] is not _END:
-            out.append(items.popleft())
-        return out
 
     def abort(self) -> bool:
         if self.done:
@@ -90,14 +59,12 @@ class RemoteStream:
         on, and how it ended."""
         if unit_id is not None:
             self.unit_id = unit_id
-        self._items.extend(map(expand, deltas))
+        for item in deltas:
+            self._put(expand(item))
         if end is not None:
             self.outcome, self.error = end
             self.done = True
-            self._items.append(_END)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            self._put_end()
 
 
 class LinkClient:

@@ -62,47 +62,21 @@ class RequestAborted(Exception):
 _END = object()
 
 
-class RequestStream:
-    """One request's progress: iterate for its token deltas, :meth:`wait` for its outcome, :meth:`abort` to end it.
+class Deltas:
+    """A request's token deltas on their way to one consumer: iterate for them (the end raises the request's
+    ``error``, if it has one), or take what is queued with :meth:`ready` and :meth:`drain`. The base of
+    :class:`RequestStream` and of a front-end process's view of one (``agent.service.frontend.RemoteStream``)."""
 
-    Iteration ends after the delta that carries ``finish_reason``; it raises :class:`RequestRejected` when the
-    dispatcher refused the request, :class:`RequestAborted` when someone aborted it, and the unit's exception
-    when vLLM failed it (a ``ValueError`` for a request vLLM finds invalid).
-    """
-
-    def __init__(self, request: ClusterRequest, cluster: LiveCluster[Any], collect: bool) -> None:
-        self.request = request
-        self.request_id = request.request_id
-        self.unit_id: int | None = None
-        """The unit the request is on (the dispatcher's choice, or a migration's target); None while pending (and
-        for a rejected request)."""
-        self.output_token_ids: list[int] = []
-        """The output tokens so far (what a migration re-submits after the prompt)."""
-        self.num_migrations = 0
-        self.first_token_s: float | None = None
-        """When the request's first token came out (on any unit), wall clock; None before."""
-        self.max_tpot_s: float | None = None
-        """The worst per-token TPOT on the units it left (``RequestOutcome.max_tpot_s``), set when it is taken off one
-        (a failed unit); the unit it is on tracks it from there."""
-        self._pending: PendingRequest | None = None
-        self.outcome: RequestOutcome | None = None
+    def __init__(self, collect: bool = True) -> None:
         self.error: BaseException | None = None
-        self._cluster = cluster
         self._items: deque[Any] | None = deque() if collect else None
         """Deltas not yet iterated, then ``_END`` (which stays: a further ``__anext__`` ends again); a deque and one
         waiter rather than an ``asyncio.Queue``, as vLLM's own output collector (fewer futures per token)."""
         self._waiter: asyncio.Future[None] | None = None
-        self._listener: Callable[[RequestStream], None] | None = None
+        self._listener: Callable[[Any], None] | None = None
         """Told of each delta and of the end as they are queued, instead of an iterating consumer (:meth:`listen`)."""
-        self._task: asyncio.Task[RequestOutcome] | None = None
-        self._done = asyncio.Event()
 
-    # -- consumer side ----------------------------------------------------------------------------
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def __aiter__(self) -> RequestStream:
+    def __aiter__(self) -> Deltas:
         return self
 
     async def __anext__(self) -> TokenDelta:
@@ -131,10 +105,11 @@ class RequestStream:
             out.append(items.popleft())
         return out
 
-    def listen(self, listener: Callable[[RequestStream], None]) -> None:
-        """Have ``listener(self)`` called (synchronously, on the cluster's side) whenever a delta or the end is queued,
-        for a consumer that takes them with :meth:`drain` instead of iterating (one reader for many streams: the link
-        to front-end processes, ``agent.service.frontends``). Called at once if something is queued already."""
+    def listen(self, listener: Callable[[Any], None]) -> None:
+        """Have ``listener(self)`` called (synchronously, on the producer's side) whenever a delta or the end is
+        queued, for a consumer that takes them with :meth:`drain` instead of iterating (one reader for many streams:
+        the link to front-end processes, ``agent.service.frontends``). Called at once if something is queued
+        already."""
         self._listener = listener
         if self._items:
             listener(self)
@@ -145,6 +120,54 @@ class RequestStream:
         out = self.ready()
         items = self._items
         return out, items is not None and bool(items) and items[0] is _END
+
+    def _put(self, item: TokenDelta | object) -> None:
+        assert self._items is not None
+        self._items.append(item)
+        if self._listener is not None:
+            self._listener(self)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _put_end(self) -> None:
+        if self._items is not None:
+            self._put(_END)
+
+
+class RequestStream(Deltas):
+    """One request's progress: iterate for its token deltas, :meth:`wait` for its outcome, :meth:`abort` to end it.
+
+    Iteration ends after the delta that carries ``finish_reason``; it raises :class:`RequestRejected` when the
+    dispatcher refused the request, :class:`RequestAborted` when someone aborted it, and the unit's exception
+    when vLLM failed it (a ``ValueError`` for a request vLLM finds invalid).
+    """
+
+    def __init__(self, request: ClusterRequest, cluster: LiveCluster[Any], collect: bool) -> None:
+        super().__init__(collect)
+        self.request = request
+        self.request_id = request.request_id
+        self.unit_id: int | None = None
+        """The unit the request is on (the dispatcher's choice, or a migration's target); None while pending (and
+        for a rejected request)."""
+        self.output_token_ids: list[int] = []
+        """The output tokens so far (what a migration re-submits after the prompt)."""
+        self.num_migrations = 0
+        self.first_token_s: float | None = None
+        """When the request's first token came out (on any unit), wall clock; None before."""
+        self.max_tpot_s: float | None = None
+        """The worst per-token TPOT on the units it left (``RequestOutcome.max_tpot_s``), set when it is taken off one
+        (a failed unit); the unit it is on tracks it from there."""
+        self._pending: PendingRequest | None = None
+        self.outcome: RequestOutcome | None = None
+        self._cluster = cluster
+        self._task: asyncio.Task[RequestOutcome] | None = None
+        self._done = asyncio.Event()
+
+    # -- consumer side ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
 
     async def wait(self) -> RequestOutcome:
         """The outcome once the request finished; raises what iteration would raise."""
@@ -164,23 +187,13 @@ class RequestStream:
         if self._items is not None:
             self._put(delta)
 
-    def _put(self, item: TokenDelta | object) -> None:
-        assert self._items is not None
-        self._items.append(item)
-        if self._listener is not None:
-            self._listener(self)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
     def _finish(self, outcome: RequestOutcome | None, error: BaseException | None) -> None:
         if self._done.is_set():
             return
         self.outcome = outcome
         self.error = error
         self._done.set()
-        if self._items is not None:
-            self._put(_END)
+        self._put_end()
 
     def _on_task_done(self, task: asyncio.Task[RequestOutcome]) -> None:
         if task.cancelled():

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,7 +23,8 @@ pytest.importorskip("vllm")
 
 import httpx
 import openai
-from serve_harness import TOKEN, NotingWriters, run, wait_for
+from agent_process import MODEL, WS_LINE, AgentProcess, running
+from serve_harness import NotingWriters, run, wait_for
 
 from agent.cli.serve import main as serve_main
 from agent.cli.serve import record
@@ -49,59 +46,6 @@ from console.model.queries import summary
 from console.model.state import ConsoleState
 
 pytestmark = pytest.mark.vllm
-
-START_TIMEOUT_S = 120.0
-MODEL = "tiny-llama-fake"
-WS_LINE = re.compile(r"^trackside agent \S+: (ws://\S+) ")
-OPENAI_LINE = re.compile(r"^trackside agent: OpenAI API at (http://\S+)")
-
-
-class AgentProcess:
-    """``trackside agent --engine vllm --fake-executor ...`` as a child process; its URLs read from its stderr."""
-
-    def __init__(self, tmp: Path, *extra: str, token: bool = True, openai_api: bool | str = True) -> None:
-        """``openai_api``: serve the OpenAI API on a port of the OS's choosing (True), on this address, or not."""
-        self.log = tmp / "agent.log"
-        argv = [sys.executable, "-m", "agent.cli", "agent", "--engine", "vllm", "--fake-executor", "--units", "2",
-                "--listen", "127.0.0.1:0", "--node-id", "vllm-test", *extra]
-        if openai_api:
-            argv += ["--serve-openai", "127.0.0.1:0" if openai_api is True else openai_api]
-        self.token_file = tmp / "token"
-        self.token_file.write_text(TOKEN + "\n")
-        if token:
-            argv += ["--token-file", str(self.token_file)]
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
-        with self.log.open("w") as err:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        self.ws_url = ""
-        self.openai_url = ""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not (self.ws_url and (self.openai_url or not openai_api)):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"the agent did not start:\n{self.log.read_text()[-4000:]}")
-            for line in self.lines():
-                if m := WS_LINE.match(line):
-                    self.ws_url = m.group(1)
-                elif m := OPENAI_LINE.match(line):
-                    self.openai_url = m.group(1)
-            time.sleep(0.1)
-
-    def lines(self) -> list[str]:
-        return self.log.read_text().splitlines()
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-
-    def client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.openai_url, api_key="unused", max_retries=0, timeout=30.0)
-
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "nodes" / "cpu-fake-executor.toml"
 
@@ -511,12 +455,3 @@ def test_two_agents_share_one_openai_port(tmp_path: Path) -> None:
     finally:
         for i, agent in enumerate(agents):
             assert agent.stop() == (-signal.SIGKILL if i == 1 else 0), agent.log.read_text()[-4000:]
-
-
-def running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie has: its parent has not reaped it yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,21 +27,11 @@ pytest.importorskip("vllm")
 
 import httpx
 import openai
+from agent_process import MODEL, AgentProcess, running
 
 pytestmark = pytest.mark.vllm
 
-MODEL = "tiny-llama-fake"
-START_TIMEOUT_S = 180.0
 READY = re.compile(r"^trackside agent: OpenAI API at (http://\S+) \((\d+) front-end processes, PIDs ([\d, ]+)\)")
-
-
-def running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie has)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def children(pid: int) -> list[int]:
@@ -57,51 +48,19 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def wait_until(what: object, check: object, timeout_s: float = 60.0) -> None:
+def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
+    while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
 
 
-class Agent:
-    """The agent as a child process, with ``--openai-frontends 2``; its OpenAI URL and front ends' PIDs read from its
-    stderr."""
-
-    def __init__(self, tmp: Path, *extra: str, serve: str = "127.0.0.1:0", wait: bool = True) -> None:
-        self.log = tmp / "agent.log"
-        argv = [sys.executable, "-m", "agent.cli", "agent", "--engine", "vllm", "--fake-executor", "--units", "2",
-                "--listen", "127.0.0.1:0", "--node-id", "fe-test", "--serve-openai", serve, "--openai-frontends", "2",
-                *extra]
-        with self.log.open("w") as err:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err,
-                                         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
-        self.url = ""
-        self.frontend_pids: list[int] = []
-        if wait:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not self.url:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise AssertionError(f"the agent did not start:\n{self.log.read_text()[-4000:]}")
-                for line in self.lines():
-                    if m := READY.match(line):
-                        self.url = m.group(1)
-                        self.frontend_pids = [int(p) for p in m.group(3).split(", ")]
-                time.sleep(0.1)
-
-    def lines(self) -> list[str]:
-        return self.log.read_text().splitlines()
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+def frontend_pids(agent: AgentProcess) -> list[int]:
+    """The front ends' PIDs, from the agent's line that says it serves."""
+    found = [m for line in agent.lines() if (m := READY.match(line))]
+    assert found, agent.lines()
+    return [int(p) for p in found[-1].group(3).split(", ")]
 
 
 async def completion(url: str, k: int, max_tokens: int = 4, stream: bool = False) -> httpx.Response:
@@ -131,11 +90,12 @@ async def finished(url: str) -> int:
 
 
 def test_two_frontends_serve_one_port_survive_a_killed_one_and_end_with_the_agent(tmp_path: Path) -> None:
-    agent = Agent(tmp_path)
+    agent = AgentProcess(tmp_path, "--openai-frontends", "2", "--node-id", "fe-test")
     try:
-        assert len(agent.frontend_pids) == 2 and all(running(p) for p in agent.frontend_pids)
-        assert set(agent.frontend_pids) <= set(children(agent.proc.pid))
-        url = agent.url
+        pids = frontend_pids(agent)
+        assert len(pids) == 2 and all(running(p) for p in pids)
+        assert set(pids) <= set(children(agent.proc.pid))
+        url = agent.openai_url
 
         async def go() -> None:
             # both front ends answer, on one port
@@ -158,7 +118,7 @@ def test_two_frontends_serve_one_port_survive_a_killed_one_and_end_with_the_agen
             before = await finished(url)
             load = [asyncio.create_task(completion(url, k, max_tokens=3000, stream=True)) for k in range(16)]
             await asyncio.sleep(1.0)
-            os.kill(agent.frontend_pids[0], signal.SIGKILL)
+            os.kill(pids[0], signal.SIGKILL)
             wait_until("the agent to notice", lambda: any("front end 0" in line and "exited" in line
                                                           for line in agent.lines()), 30)
             assert await frontends_of(url, 24) == {"1"}
@@ -180,7 +140,7 @@ def test_two_frontends_serve_one_port_survive_a_killed_one_and_end_with_the_agen
 
         asyncio.run(go())
         # the agent killed outright: its front ends (the new one too) and its engine cores end with it
-        mine = [p for p in children(agent.proc.pid) if p not in agent.frontend_pids[:1]]
+        mine = [p for p in children(agent.proc.pid) if p not in pids[:1]]
         assert len(mine) >= 4, mine  # two front ends, two engine cores
         agent.proc.kill()
         agent.proc.wait()
@@ -193,11 +153,11 @@ def test_a_front_end_that_cannot_bind_the_port_fails_the_start(tmp_path: Path) -
     with socket.socket() as taken:  # a listener that does not share its port
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        agent = Agent(tmp_path, serve=f"127.0.0.1:{taken.getsockname()[1]}", wait=False)
-        try:
-            code = agent.proc.wait(START_TIMEOUT_S)
-        finally:
-            agent.stop()
-    log = agent.log.read_text()
-    assert code == 2, log[-3000:]
-    assert "the OpenAI front ends did not start: front end 0" in log and "Address already in use" in log, log[-3000:]
+        done = subprocess.run([
+            sys.executable, "-m", "agent.cli", "agent", "--engine", "vllm", "--fake-executor", "--units", "1",
+            "--listen", "127.0.0.1:0", "--serve-openai", f"127.0.0.1:{taken.getsockname()[1]}",
+            "--openai-frontends", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300,
+            env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}, check=False)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "the OpenAI front ends did not start: front end 0" in done.stderr, done.stderr[-3000:]
+    assert "Address already in use" in done.stderr, done.stderr[-3000:]
