@@ -49,6 +49,11 @@ class FrontendStartError(Exception):
     """A front-end process did not start (the message says why: its own words, or how it exited)."""
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class Link:
     """One front end's connection, on the main process's side: its submits go to the cluster, each of its requests'
     deltas go back in the next frame (a listener on the stream, no task per request)."""
@@ -64,6 +69,8 @@ class Link:
         self.index: int | None = None
         self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         """The port, once the front end serves; the reason as a ``FrontendStartError`` if it cannot."""
+        self.ready.add_done_callback(_retrieved)  # a start nobody waits for any more is not an error to log
+        self._calls: set[asyncio.Task[None]] = set()
 
     def _note(self, stream: RequestStream) -> None:
         if stream.request_id not in self._noted:
@@ -118,7 +125,9 @@ class Link:
             if held is not None:
                 held.abort()
         elif kind == "call":
-            asyncio.get_running_loop().create_task(self._call(*message[1:]))
+            task = asyncio.get_running_loop().create_task(self._call(*message[1:]))
+            self._calls.add(task)  # (the loop keeps only a weak reference to a task)
+            task.add_done_callback(self._calls.discard)
         elif kind == "hello":
             self.index = int(message[1])
             self.outbox.put(("hello", self._frontends.hello(self.index)))
