@@ -211,18 +211,19 @@ class Frontends:
         return all(results) if method == "reset_prefix_cache" else None
 
     async def start(self) -> None:
-        """Start the processes one after another (each binds the port: the first one's error, a port in use, ends
-        the start) and return once every one serves."""
+        """Start the first process, which binds the port (its error, a port in use, ends the start), then the others
+        together; return once every one serves."""
         self.cluster.start()
         self._dir = tempfile.mkdtemp(prefix="trackside-frontends-")  # mode 0700: only this user reaches the link
         path = os.path.join(self._dir, "link")
         self._server = await asyncio.start_unix_server(self._accept, path=path)
         self._tasks.append(asyncio.get_running_loop().create_task(self._tell_serving()))
         try:
-            for i in range(self.count):
-                port = await self._start_one(i)
-                if self.port == 0:
-                    self.port = port  # the OS chose it for the first one: the others share it
+            port = await self._start_one(0)
+            if self.port == 0:
+                self.port = port  # the OS chose it for the first one: the others share it
+            # the others at once: each spends seconds importing vLLM and building its renderer
+            await asyncio.gather(*(self._start_one(i) for i in range(1, self.count)))
         except BaseException:
             await self.stop()
             raise

@@ -29,10 +29,9 @@ import httpx
 import openai
 from agent_process import MODEL, AgentProcess, running
 
+from agent.bench.split_frontends import frontend_pids
+
 pytestmark = pytest.mark.vllm
-
-READY = re.compile(r"^trackside agent: OpenAI API at (http://\S+) \((\d+) front-end processes, PIDs ([\d, ]+)\)")
-
 
 def children(pid: int) -> list[int]:
     """The PIDs of ``pid``'s children."""
@@ -56,11 +55,11 @@ def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) ->
         time.sleep(0.1)
 
 
-def frontend_pids(agent: AgentProcess) -> list[int]:
+def frontends_of_agent(agent: AgentProcess) -> list[int]:
     """The front ends' PIDs, from the agent's line that says it serves."""
-    found = [m for line in agent.lines() if (m := READY.match(line))]
-    assert found, agent.lines()
-    return [int(p) for p in found[-1].group(3).split(", ")]
+    pids = frontend_pids("\n".join(agent.lines()))
+    assert pids, agent.lines()
+    return pids
 
 
 async def completion(url: str, k: int, max_tokens: int = 4, stream: bool = False) -> httpx.Response:
@@ -92,7 +91,7 @@ async def finished(url: str) -> int:
 def test_two_frontends_serve_one_port_survive_a_killed_one_and_end_with_the_agent(tmp_path: Path) -> None:
     agent = AgentProcess(tmp_path, "--openai-frontends", "2", "--node-id", "fe-test")
     try:
-        pids = frontend_pids(agent)
+        pids = frontends_of_agent(agent)
         assert len(pids) == 2 and all(running(p) for p in pids)
         assert set(pids) <= set(children(agent.proc.pid))
         url = agent.openai_url
