@@ -44,11 +44,12 @@ def test_agent_runtime_needs_no_vllm_or_ui(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["agent.engine.live", "agent.engine.sim_live", "agent.runtime.live.cluster", "agent.runtime.live.node"]
+    "module", ["agent.engine.live", "agent.engine.sim_live", "agent.runtime.live.cluster", "agent.runtime.live.node",
+               "agent.service.live_agent", "agent.cli.agent_live"]
 )
 def test_the_live_cluster_runs_without_vllm(module: str) -> None:
-    """The live cluster, its node and the simulated live engine load neither vLLM nor its transport (zmq): they run
-    (and are tested) on a machine without the vllm extra."""
+    """The live cluster, its node, the simulated live engine and the agent that serves them (``--runtime live``) load
+    neither vLLM nor its transport (zmq): they run (and are tested) on a machine without the vllm extra."""
     loaded = loaded_after(module)
     assert not loaded & {"vllm", "torch", "zmq", "textual", "duckdb"}, loaded & {"vllm", "torch", "zmq"}
 

@@ -271,6 +271,23 @@ def build_units(
     return units
 
 
+def unit_makers(bench: BenchConfig, profile: Profile) -> tuple[Callable[[], SimUnit], ...]:
+    """Each of ``bench``'s simulated units as a maker, for units that step on their own
+    (:class:`~agent.engine.sim_live.SimLiveUnit`): the unit built with the others at first, a fresh one (the same
+    settings, its timer's noise seeded the same) at each restart."""
+    batch, _ = split_params(bench.params, bench.batch_policy, bench.dispatch)
+    built: list[SimUnit | None] = list(build_units(bench, profile, batch))
+
+    def maker(k: int) -> Callable[[], SimUnit]:
+        def make() -> SimUnit:
+            unit, built[k] = built[k], None
+            return unit if unit is not None else build_units(bench, profile, batch)[k]
+
+        return make
+
+    return tuple(maker(k) for k in range(bench.units))
+
+
 def build_node(
     config: BenchConfig,
     profile: Profile,

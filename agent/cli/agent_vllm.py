@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.bench.runner import split_params
+from agent.cli.agent_live import SIM_LIVE_ONLY, check_live_options, refuse_discrete_options
 from agent.cli.common import ServeError, agent_tokens, parse_listen
 from agent.cli.connections import connection_limits
 from agent.engine.profiles import load_profile
@@ -32,13 +33,9 @@ if TYPE_CHECKING:
 
 VLLM_ONLY = ("model", "fake_executor", "serve_openai", "served_model_name", "tokenizer", "gpu_memory_utilization",
              "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager", "gpus",
-             "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "no_restart", "engine_hang_s",
-             "pending_timeout_s", "openai_arg", "restart_attempts", "uvloop", "openai_reuse_port", "agents",
-             "openai_frontends")
+             "tensor_parallel_size", "pipeline_parallel_size", "engine_arg", "dry_run", "openai_arg", "uvloop",
+             "openai_reuse_port", "agents", "openai_frontends")
 """Flags of ``--engine vllm`` only (a simulated agent refuses them)."""
-SIM_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "instance_size": 0, "migration": "live",
-            "speed": 1.0}
-"""Flags of simulated units only, with their defaults (``--engine vllm`` refuses any other value)."""
 
 
 def add_vllm_options(agent: Any) -> None:
@@ -54,16 +51,6 @@ def add_vllm_options(agent: Any) -> None:
     v.add_argument("--openai-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a vllm serve front-end option for the OpenAI app (repeatable), checked by vLLM: "
                    "chat_template=FILE, api_key=KEY, enable_auto_tool_choice=true, response_role=...")
-    v.add_argument("--no-restart", action="store_true",
-                   help="leave a unit whose engine died failed (default: restart it, after 1 s doubling to 60 s)")
-    v.add_argument("--restart-attempts", type=int, metavar="N",
-                   help="give up restarting a failed unit after N attempts that could not start an engine (it stays "
-                   "failed until `ctl recover-unit`; default 10, about 5 minutes of backoff; 0: never give up)")
-    v.add_argument("--engine-hang-s", type=float, metavar="S",
-                   help="an engine core that makes no step for this long while its unit has requests is hung: it is "
-                   "killed and its unit failed like a dead one (default 60; 0: never)")
-    v.add_argument("--pending-timeout-s", type=float, metavar="S",
-                   help="a request no unit took within this long is rejected (default 30; 0: it waits for ever)")
     v.add_argument("--tokenizer", action=argparse.BooleanOptionalAction, default=None,
                    help="load the model's tokenizer: text and chat prompts, text back (default: on with "
                    "--serve-openai, off for replays, which send token ids); the fake executor's model has one of its "
@@ -117,9 +104,13 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
         raise ServeError("--engine vllm needs vLLM: pip install -e '.[vllm]' (vLLM 0.26.0 and torch 2.11.0)")
     if args.dry_run:  # stdout is the plan's JSON: vLLM logs to stderr (read when vLLM is first imported)
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    for name, default in SIM_ONLY.items():
-        if getattr(args, name) != default:
-            raise ServeError(f"--{name.replace('_', '-')} applies to simulated units (--engine sim)")
+    refuse_discrete_options(args, "vLLM engines step by themselves")
+    for name in SIM_LIVE_ONLY:
+        if getattr(args, name):
+            raise ServeError(f"--{name.replace('_', '-')} applies to simulated units (--runtime live); a vLLM "
+                             "unit's engine core is a process: kill it (status --json gives each unit's engine_pid)")
+    if args.runtime == "discrete":
+        raise ServeError("--runtime discrete applies to simulated units: vLLM engines step by themselves")
     if args.fake_executor and args.model:
         raise ServeError("--fake-executor runs its own tiny model: leave out --model")
     if not args.fake_executor and not args.model:
@@ -141,11 +132,7 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
                  "pipeline_parallel_size"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ServeError(f"--{flag.replace('_', '-')} must be >= 1")
-    if args.restart_attempts is not None and args.restart_attempts < 0:
-        raise ServeError("--restart-attempts must be >= 0 (0: no limit)")
-    for flag in ("engine_hang_s", "pending_timeout_s"):
-        if getattr(args, flag) is not None and not getattr(args, flag) >= 0:
-            raise ServeError(f"--{flag.replace('_', '-')} must be >= 0 (0: no limit)")
+    check_live_options(args)
     host, port = parse_listen(args.listen)
     limits = connection_limits(args)
     serve = parse_listen(args.serve_openai, "--serve-openai") if args.serve_openai else None

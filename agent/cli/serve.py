@@ -1,6 +1,7 @@
 """``trackside agent``, ``trackside ctl`` and ``trackside record``: the live agent, its control, its recorder.
 
-``agent`` runs simulated units live (wall clock, ``--speed`` times real time) behind the websocket server, or
+``agent`` runs simulated units live (wall clock, ``--speed`` times real time; ``--runtime live``: each stepping by
+itself under the runtime of vLLM units, ``agent.service.live_agent``) behind the websocket server, or
 (``--engine vllm``) vLLM engines, optionally behind an OpenAI-compatible intake (``agent.service.launch``);
 ``ctl`` sends one control request and prints the reply (exit 2 with one line on an error reply, 1 when the
 agent cannot be reached); ``record`` subscribes to agents and writes their events to a store through
@@ -24,6 +25,7 @@ import msgspec
 from websockets.exceptions import InvalidURI, WebSocketException
 
 from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
+from agent.cli.agent_live import LIVE_ONLY, SIM_LIVE_ONLY, add_live_options, cmd_agent_sim_live
 from agent.cli.agent_vllm import VLLM_ONLY, add_vllm_options, cmd_agent_vllm
 from agent.cli.common import ServeError, agent_tokens, csv_items, load_policy_plugins, parse_listen
 from agent.cli.connections import add_connection_options, connection_limits
@@ -79,7 +81,8 @@ def add_serve_commands(sub: Any) -> None:
     agent = sub.add_parser(
         "agent", help="run simulated units or vLLM engines live behind the websocket server",
         description="Run a node live (wall clock) and serve its telemetry, control and /metrics on a websocket. "
-        "--engine sim (default) replays a workload through simulated units; --engine vllm runs vLLM engines as "
+        "--engine sim (default) replays a workload through simulated units (--runtime live: under the runtime "
+        "vLLM engines run, with engine deaths and restarts); --engine vllm runs vLLM engines as "
         "units (their steps scheduled by the batch policy, requests placed by the dispatch policy) and serves "
         "them over the OpenAI API (--serve-openai), replays a workload, or both: the same telemetry and "
         "control as simulated units. Stops on SIGINT/SIGTERM, or when the workload ends (without "
@@ -220,8 +223,8 @@ def add_agent_arguments(agent: argparse.ArgumentParser) -> None:
     agent.add_argument("--instance-size", type=int, default=0, metavar="M",
                        help="seed 000's instances: consecutive groups of M units step in lockstep, the instances out "
                        "of phase (default 0: none)")
-    agent.add_argument("--migration", choices=("live", "recompute"), default="live",
-                       help="how moved requests' KV travels (default live)")
+    agent.add_argument("--migration", choices=("live", "recompute"),
+                       help="how moved requests' KV travels (default live; live units move requests by recompute)")
     agent.add_argument("--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="default 127.0.0.1:7700")
     agent.add_argument("--token-file", type=Path, help="control token (without it, control is disabled)")
     agent.add_argument("--read-token-file", type=Path,
@@ -235,6 +238,7 @@ def add_agent_arguments(agent: argparse.ArgumentParser) -> None:
     agent.add_argument("--tls-cert", type=Path)
     agent.add_argument("--tls-key", type=Path)
     add_connection_options(agent)
+    add_live_options(agent)
     add_vllm_options(agent)
 
 
@@ -272,6 +276,13 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
     if given or not args.async_scheduling:
         flag = "--" + (given[0] if given else "no_async_scheduling").replace("_", "-")
         raise ServeError(f"{flag} applies to --engine vllm")
+    live = args.runtime == "live"
+    if not live:
+        given = [name for name in (*LIVE_ONLY, *SIM_LIVE_ONLY) if getattr(args, name) not in (None, False, [])]
+        if given:
+            whose = ("simulated units with --runtime live" if given[0] in SIM_LIVE_ONLY
+                     else "live units: --engine vllm, or simulated units with --runtime live")
+            raise ServeError(f"--{given[0].replace('_', '-')} applies to {whose}")
     if args.workload is None and args.trace is None:
         raise ServeError("simulated units replay a workload: give --workload SPEC or --trace FILE")
     args.units = 4 if args.units is None else args.units
@@ -283,12 +294,14 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
                          dispatch=args.dispatch, params=parse_assignments(args.param), ttft_slo_ms=args.slo_ttft_ms,
                          tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, topology=args.topology,
                          prefill_units=args.prefill_units, lockstep=args.lockstep,
-                         instance_size=args.instance_size, migration=args.migration)
+                         instance_size=args.instance_size, migration=args.migration or "live")
     try:
         config.roles()
         config.lockstep_groups()
     except ValueError as exc:
         raise ServeError(str(exc)) from None
+    if live:
+        return cmd_agent_sim_live(args, config, requests, host=host, port=port, token=token, read_token=read_only)
     node = make_node(config, requests, keep_finished=False)  # it may run for months: in flight only
     hub = Hub(node, node_id=args.node_id, profile=args.profile, token=token, read_token=read_only,
               replay_capacity=args.replay_events, slack_sample_ms=args.slack_sample_ms)

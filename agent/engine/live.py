@@ -40,6 +40,10 @@ from policies.types import RunningRequest, UnitLoad
 
 log = logging.getLogger(__name__)
 
+ENGINE_HANG_S = 60.0
+"""How long a live engine may make no progress while its unit has requests before the unit's watchdog kills it (the
+default of vLLM units and of simulated units under the live runtime)."""
+
 
 class EngineFailed(RuntimeError):
     """A request's engine died under it (the cluster moves the request to another unit)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import ssl
 import sys
 import time
@@ -20,20 +19,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
+from agent.engine.live import ENGINE_HANG_S
 from agent.engine.vllm.config import UnitSettings
 from agent.engine.vllm.options import EngineOptions
 from agent.engine.vllm.placement import UnitPlacement
 from agent.engine.vllm.plan import FAKE_MODEL
-from agent.engine.vllm.unit import ENGINE_HANG_S, VllmUnit
-from agent.runtime.gc_control import freeze_startup_heap
+from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.live.cluster import PENDING_TIMEOUT_S, RESTART_ATTEMPTS, LiveCluster
 from agent.runtime.live.node import LiveClusterNode
 from agent.runtime.live.restarts import backoff
-from agent.runtime.port import LiveNode
 from agent.service.guard import ConnectionLimits
 from agent.service.hub import Hub
-from agent.service.loop_watch import watch_loop
-from agent.service.server import AgentServer
+from agent.service.live_agent import Intake, Listen, serve_live, stop_on_signals
 from agent.workload.types import RequestSpec
 from policies.params import ParamValue
 from policies.registry import make_batch_policy, make_dispatch_policy
@@ -185,14 +182,11 @@ async def run_agent(
     there is no OpenAI intake. Returns the exit status."""
     stop = stop or asyncio.Event()
     if install_signals:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop_on_signals(stop)
     # Policies are built (and checked) before any engine starts; the agent keeps one copy per unit.
     policies = [make_batch_policy(config.batch_policy, dict(config.batch_params)) for _ in range(config.units)]
     dispatcher = make_dispatch_policy(config.dispatch, dict(config.dispatch_params))
     units = build_units(replace(config, batch_params=dict(policies[0].params)))
-    openai: Any = None
     try:
         start_units(units, out)
         model_config = units[0].llm.model_config
@@ -205,38 +199,24 @@ async def run_agent(
                               restart_attempts=config.restart_attempts,
                               pending_timeout_s=config.pending_timeout_s)
         node = LiveClusterNode(cluster, policies, requests=requests, vocab=int(model_config.get_vocab_size()),
-                            seed=config.seed)
-        served: LiveNode = node
-        hub = Hub(served, node_id=node_id, profile=config.model_name, token=token, read_token=read_token,
+                               seed=config.seed)
+        hub = Hub(node, node_id=node_id, profile=config.model_name, token=token, read_token=read_token,
                   replay_capacity=replay_events, slack_sample_ms=slack_sample_ms, boot_ns=node.origin_ns,
                   placements={p.unit_id: p for p in config.placements})
-        async with AgentServer(hub, host=host, port=port, ssl_context=tls, gc_control=False, limits=limits) as server:
+
+        def banner(url: str) -> str:
             loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]  # asyncio, or uvloop (--uvloop)
-            print(f"trackside agent {node_id}: {server.url} ({len(units)} vLLM units of {config.model_name}, "
-                  f"batch policy {config.batch_policy}, dispatch {dispatcher.name}, {loop_name} event loop"
-                  f"{f', {len(requests)} requests to replay' if requests else ''})", file=out, flush=True)
-            if config.serve_openai is not None:
-                openai = await start_openai(config, cluster, hub, node_id, out)
-            freeze_startup_heap()  # engines, app and telemetry are up: nothing below traverses them again
-            watcher = asyncio.create_task(watch_loop(hub))  # an alert when this loop limits the node
-            waits = [asyncio.create_task(stop.wait())]
-            if openai is None:
-                waits.append(asyncio.create_task(server.workload_done.wait()))
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for task in [*waits, watcher]:
-                task.cancel()
-            if openai is not None:
-                await openai.stop()
-                openai = None
-            await node.close()
-            await server.drain(2.0)
-            print(f"trackside agent: {'workload done' if server.workload_done.is_set() else 'stopped'}: "
-                  f"{node.num_finished} finished, {node.num_rejected} refused, {node.num_ended} aborted or failed, "
-                  f"{hub.sequencer.last_seq} events", file=out)
+            return (f"trackside agent {node_id}: {url} ({len(units)} vLLM units of {config.model_name}, "
+                    f"batch policy {config.batch_policy}, dispatch {dispatcher.name}, {loop_name} event loop"
+                    f"{f', {len(requests)} requests to replay' if requests else ''})")
+
+        async def openai() -> Intake:
+            intake: Intake = await start_openai(config, cluster, hub, node_id, out)
+            return intake
+
+        await serve_live(node, hub, Listen(host, port, tls, limits), stop=stop, banner=banner,
+                         start_intake=openai if config.serve_openai is not None else None, out=out)
     finally:
-        if openai is not None:
-            with contextlib.suppress(Exception):
-                await openai.stop()
         for unit in units:
             with contextlib.suppress(Exception):
                 await unit.stop()

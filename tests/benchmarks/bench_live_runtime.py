@@ -28,16 +28,15 @@ import asyncio
 import platform
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from agent.bench.runner import BenchConfig, build_node, build_units, split_params
+from agent.bench.runner import BenchConfig, build_node, split_params, unit_makers
 from agent.engine.base import RequestOutcome
 from agent.engine.profiles import load_profile
-from agent.engine.sim import SimUnit
 from agent.engine.sim_live import SimLiveUnit
 from agent.runtime.live.cluster import LiveCluster
 from agent.runtime.live.node import LiveClusterNode
@@ -78,18 +77,10 @@ def run_live(config: BenchConfig, work: Sequence[RequestSpec]) -> Run:
     profile = load_profile(config.profile)
     batch, dispatch = split_params(config.params, config.batch_policy, config.dispatch)
 
-    built: list[SimUnit | None] = list(build_units(config, profile, batch))
-
-    def maker(k: int) -> Callable[[], SimUnit]:
-        """Unit ``k`` as built above at first; a fresh one for a restart (none happens here)."""
-        def make() -> SimUnit:
-            unit, built[k] = built[k], None
-            return unit if unit is not None else build_units(config, profile, batch)[k]
-
-        return make
+    makers = unit_makers(config, profile)
 
     async def main() -> Run:
-        units = [SimLiveUnit(maker(k)) for k in range(config.units)]
+        units = [SimLiveUnit(make) for make in makers]
         late: list[float] = []
         for u in units:
             u.lateness = late

@@ -49,6 +49,7 @@ import zmq.asyncio
 
 from agent.engine.base import RequestOutcome, StepRecord
 from agent.engine.live import (
+    ENGINE_HANG_S,
     EngineFailed,
     FailedCallback,
     FinishCallback,
@@ -71,8 +72,6 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.1
 """How often a unit's watchdog looks at its engine core (an engine-core death is reported within about this)."""
-ENGINE_HANG_S = 60.0
-"""How long an engine core may make no progress while its unit has requests before the unit's watchdog kills it."""
 HISTORY = 20_000
 """Step records, raw step messages and outcomes a unit keeps by default (each; the oldest go first)."""
 MAX_UNCLAIMED_REPLIES = 1024

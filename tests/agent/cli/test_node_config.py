@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from agent_errors import error_of
 
 from agent.bench.runner import BenchConfig
 from agent.cli.node_config import NodeConfigError, config_argv, expand_node_config
@@ -20,12 +21,6 @@ def write(tmp_path: Path, text: str, name: str = "node.toml") -> Path:
     path.write_text(text)
     return path
 
-
-def error_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    assert main(["agent", *argv]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trackside agent: error:")]
-    assert len(lines) == 1, lines
-    return lines[0].removeprefix("trackside agent: error: ")
 
 
 # -- config files -------------------------------------------------------------------------------------------
@@ -127,9 +122,11 @@ def test_units_on_gpu_groups() -> None:
 
 # -- the command line ---------------------------------------------------------------------------------------
 def test_simulated_units_take_none_of_it(capsys: pytest.CaptureFixture[str]) -> None:
-    for flag in (["--dry-run"], ["--gpus", "0"], ["--tensor-parallel-size", "2"], ["--engine-arg", "dtype=half"],
-                 ["--engine-hang-s", "5"], ["--pending-timeout-s", "5"], ["--restart-attempts", "3"]):
+    for flag in (["--dry-run"], ["--gpus", "0"], ["--tensor-parallel-size", "2"], ["--engine-arg", "dtype=half"]):
         assert error_of(capsys, "--workload", "poisson:n=5", *flag) == f"{flag[0]} applies to --engine vllm"
+    for flag in (["--engine-hang-s", "5"], ["--pending-timeout-s", "5"], ["--restart-attempts", "3"]):
+        assert error_of(capsys, "--workload", "poisson:n=5", *flag) == (
+            f"{flag[0]} applies to live units: --engine vllm, or simulated units with --runtime live")
 
 
 def test_help_explains_the_node_flags(capsys: pytest.CaptureFixture[str]) -> None:

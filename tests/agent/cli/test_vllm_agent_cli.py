@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_errors import error_of
 
 from agent.cli import agent_vllm as cli_vllm
 from agent.cli.agent_vllm import model_max_len
@@ -25,12 +26,6 @@ def vllm_installed(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(cli_vllm.importlib.util, "find_spec", find_spec)
 
-
-def error_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    assert main(["agent", *argv]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trackside agent: error:")]
-    assert len(lines) == 1, lines
-    return lines[0].removeprefix("trackside agent: error: ")
 
 
 def test_without_the_vllm_extra_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_errors import error_of as agent_error
 
 pytest.importorskip("vllm")
 
@@ -34,10 +35,7 @@ def dry_run(capsys: pytest.CaptureFixture[str], *argv: str, model: str | None = 
 
 
 def error_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    assert main(["agent", "--engine", "vllm", "--model", MODEL, "--serve-openai", ":0", *argv, "--dry-run"]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trackside agent: error:")]
-    assert len(lines) == 1, lines
-    return lines[0].removeprefix("trackside agent: error: ")
+    return agent_error(capsys, "--engine", "vllm", "--model", MODEL, "--serve-openai", ":0", *argv, "--dry-run")
 
 
 def layout(plan: dict[str, Any]) -> list[tuple[list[int], int, float]]:
