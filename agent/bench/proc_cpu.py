@@ -109,8 +109,11 @@ class CpuMeter:
         return out
 
     def _sample(self) -> None:
+        """Every ``interval_s``, and once more when :meth:`stop` is called, so that the samples reach past any time
+        taken before it (a window that ends when the bench ended is covered)."""
         last = dict(self.kids)
         while True:
+            done = self._done.is_set()
             t = time.monotonic()
             main = thread_cpu_s(self.pid, self.pid)
             for k in last:
@@ -118,8 +121,9 @@ class CpuMeter:
             if main is not None:
                 self.main.append((t, main))
             self.children.append((t, sum(last.values())))
-            if self._done.wait(self.interval_s):
+            if done:
                 return
+            self._done.wait(self.interval_s)
 
     def stop(self, output_tokens: float | None, bench_s: float | None = None, bench_end: float | None = None
              ) -> dict[str, Any]:

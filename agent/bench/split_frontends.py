@@ -136,9 +136,9 @@ def layout(run: Run, args: argparse.Namespace, model: str, agents: int, token_fi
                                    input_len=args.input_len, output_len=args.output_len, range_ratio=args.range_ratio),
                          run.out / f"bench-{label}-{i}-saturate.log") for i in range(benches)]
         ended = []
-        for bench in running:
+        for i, bench in enumerate(running):
             bench.wait()
-            ended.append(time.monotonic())
+            ended.append(bench_ended(run, f"{label}-{i}-saturate"))
         summaries = [read_bench(run, f"{label}-{i}-saturate", bench.returncode) for i, bench in enumerate(running)]
         if args.shared_port:  # one bench: every agent's CPU over all its tokens
             tokens = (summaries[0].get("output_throughput") or 0.0) * (summaries[0].get("duration") or 0.0)
@@ -179,6 +179,15 @@ def frontend_children(pid: int) -> list[int]:
             if b"agent.service.frontend" in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
                 out.append(child)
     return out
+
+
+def bench_ended(run: Run, name: str) -> float:
+    """When bench ``name`` ended (``time.monotonic()``): as it saved its result, which is seconds before its process
+    exits (the client's teardown); now if it saved none."""
+    ended = time.monotonic()
+    with contextlib.suppress(OSError):
+        ended -= max(0.0, time.time() - (run.out / f"bench-{name}.json").stat().st_mtime)
+    return ended
 
 
 def intake_row(summary: dict[str, Any], main: dict[str, Any], frontends: list[dict[str, Any]]
@@ -259,9 +268,7 @@ def intake_layout(run: Run, args: argparse.Namespace, model: str, frontends: int
                                 output_len=args.output_len, range_ratio=args.range_ratio),
                       run.out / f"bench-{name}.log")
         bench.wait()
-        ended = time.monotonic()
-        with contextlib.suppress(OSError):  # the bench saved its result as it ended, before its exit: the closer end
-            ended -= time.time() - (run.out / f"bench-{name}.json").stat().st_mtime
+        ended = bench_ended(run, name)
         summary = read_bench(run, name, bench.returncode)
         tokens = (summary.get("output_throughput") or 0.0) * (summary.get("duration") or 0.0)
         out["cpu"] = main.stop(tokens or None, summary.get("duration"), ended)

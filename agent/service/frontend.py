@@ -31,6 +31,7 @@ from agent.engine.vllm.lifeline import watch_agent
 from agent.engine.vllm.openai_app import FrontendModel, frontend_namespace
 from agent.runtime.live.requests import Deltas, RequestRejected
 from agent.service.link import FrontendHello, Outbox, pack, read_frame
+from agent.service.loop_watch import watch_thread
 from agent.service.openai_server import AppServer, refusal_status, routed_app, ticketed
 
 log = logging.getLogger(__name__)
@@ -185,9 +186,11 @@ async def serve(link_path: str, index: int) -> int:
     link.outbox.put(("ready", server.port))
     reading = loop.create_task(link.run())
     stopping = loop.create_task(stop.wait())
+    watching = loop.create_task(watch_thread(  # the agent alerts when this loop stays busy
+        lambda verdict, w: link.outbox.put(("loop", verdict, w.share, w.window_s, w.clear_share))))
     await asyncio.wait([reading, stopping], return_when=asyncio.FIRST_COMPLETED)
     await server.stop()
-    for task in (reading, stopping):
+    for task in (reading, stopping, watching):
         task.cancel()
     link.outbox.close()
     return 0
@@ -203,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-uvloop", action="store_true", help="asyncio's own event loop")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"trackside front end {args.index}: %(message)s")
-    watch_agent(args.parent)
+    watch_agent(args.parent, what=f"front end {args.index}")
     if args.no_uvloop:
         return asyncio.run(serve(args.link, args.index))
     import uvloop

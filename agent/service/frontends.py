@@ -137,6 +137,9 @@ class Link:
         elif kind == "failed":
             if not self.ready.done():
                 self.ready.set_exception(FrontendStartError(str(message[1])))
+        elif kind == "loop":
+            if self.index is not None and self._frontends.on_loop is not None:
+                self._frontends.on_loop(self.index, *message[1:])
         else:
             log.warning("front-end link: unknown message %r", kind)
 
@@ -149,6 +152,11 @@ class Link:
             self.outbox.put(("reply", call_id, True, value))
 
 
+LoopReport = Callable[[int, str, "float | None", float, float], None]
+"""What a front end's loop verdict is given to: its index, ``busy`` or ``clear``, the busy share, the window, the share
+that clears."""
+
+
 class Frontends:
     """N front-end processes serving the OpenAI port for ``cluster`` (see the module). ``metrics``: the text their
     ``GET /metrics`` serves (the agent's); ``follow_units``: they let the port go while no unit serves (the port
@@ -158,7 +166,8 @@ class Frontends:
                  model_name: str, frontend_args: Sequence[str] = (), metrics: Callable[[], str] | None = None,
                  follow_units: bool = False, node_id: str | None = None, log_level: str = "warning",
                  uvloop: bool = True, say: Callable[[str], None] | None = None,
-                 restart_delays: Callable[[], Iterator[float]] | None = backoff) -> None:
+                 restart_delays: Callable[[], Iterator[float]] | None = backoff,
+                 on_loop: LoopReport | None = None) -> None:
         if count < 1:
             raise ValueError("--openai-frontends: at least 1")
         self.cluster = cluster
@@ -174,6 +183,9 @@ class Frontends:
         self._uvloop = uvloop
         self._say = say or log.warning
         self._restart_delays = restart_delays
+        self.on_loop = on_loop
+        """Called with a front end's index and its event loop's verdict when it changes (``busy``/``clear``, the
+        busy share, the window and the share that clears: :class:`~agent.service.loop_watch.LoopWatch`)."""
         self._dir = ""
         self._server: asyncio.Server | None = None
         self._links: list[Link] = []
@@ -217,6 +229,7 @@ class Frontends:
         self._dir = tempfile.mkdtemp(prefix="trackside-frontends-")  # mode 0700: only this user reaches the link
         path = os.path.join(self._dir, "link")
         self._server = await asyncio.start_unix_server(self._accept, path=path)
+        self.cluster.serving_listeners.append(self._push_serving)  # a unit failed or back: at once
         self._tasks.append(asyncio.get_running_loop().create_task(self._tell_serving()))
         try:
             port = await self._start_one(0)
@@ -309,20 +322,26 @@ class Frontends:
             delays = self._restart_delays()
             self._say(f"front end {index} serves again (PID {self.pids[index]})")
 
+    def _push_serving(self, n: int) -> None:
+        """Tell every front end how many units serve, when it changed (their ``/health`` and 503s)."""
+        if n != self._serving:
+            self._serving = n
+            for link in self._links:
+                link.outbox.put(("serving", n))
+
     async def _tell_serving(self, interval_s: float = 0.05) -> None:
-        """Tell every front end how many units serve, when it changes (their ``/health`` and 503s)."""
+        """The cluster says when a unit fails or rejoins (:meth:`_push_serving`); this also catches what it does not
+        hear of (an engine that stopped serving before its failure reached the cluster)."""
         while True:
-            n = self.cluster.num_serving
-            if n != self._serving:
-                self._serving = n
-                for link in self._links:
-                    link.outbox.put(("serving", n))
+            self._push_serving(self.cluster.num_serving)
             await asyncio.sleep(interval_s)
 
     async def stop(self) -> None:
         """Stop the front ends (SIGTERM: they stop taking connections and close theirs), abort what is in flight (no
         unit is restarted from here on: a Ctrl-C in a terminal reaches the engine cores too), close."""
         self._stopping = True
+        with contextlib.suppress(ValueError):
+            self.cluster.serving_listeners.remove(self._push_serving)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

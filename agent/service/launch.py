@@ -31,6 +31,7 @@ from agent.runtime.live.restarts import backoff
 from agent.service.guard import ConnectionLimits
 from agent.service.hub import Hub
 from agent.service.live_agent import Intake, Listen, serve_live, stop_on_signals
+from agent.service.loop_watch import FRONTEND_ADVICE, alert
 from agent.workload.types import RequestSpec
 from policies.params import ParamValue
 from policies.registry import make_batch_policy, make_dispatch_policy
@@ -149,9 +150,13 @@ async def start_openai(config: VllmAgentConfig, cluster: LiveCluster[VllmUnit], 
     if config.openai_frontends:
         from agent.service.frontends import Frontends, FrontendStartError
 
+        def loop_alert(index: int, verdict: str, share: float | None, window_s: float, clear_share: float) -> None:
+            hub.publish(alert(hub, "busy" if verdict == "busy" else "clear", share, window_s, clear_share,
+                              loop=f"front end {index}'s event loop", advice=FRONTEND_ADVICE))
+
         openai = Frontends(cluster, config.openai_frontends, *config.serve_openai, model_name=config.model_name,
                            frontend_args=args, metrics=hub.metrics_text, follow_units=config.openai_reuse_port,
-                           node_id=node_id, uvloop=config.uvloop, say=say)
+                           node_id=node_id, uvloop=config.uvloop, say=say, on_loop=loop_alert)
         try:
             await openai.start()
         except FrontendStartError as exc:

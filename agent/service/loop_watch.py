@@ -7,8 +7,11 @@ where the console shows alerts: a ``warning`` once the loop's thread has been bu
 :data:`BUSY_SHARE` of :data:`WINDOW_S` seconds, an ``info`` once it has been busy at most :data:`CLEAR_SHARE` of
 such a window again (the gap between the two keeps a load near the threshold from alerting over and over).
 
-:class:`LoopWatch` decides from readings it is given (pure; tests pass made-up ones); :func:`watch_loop` takes them
-on the loop's own thread (``time.thread_time``: that thread's CPU time) every :data:`INTERVAL_S` and publishes.
+:class:`LoopWatch` decides from readings it is given (pure; tests pass made-up ones); :func:`watch_thread` takes them
+on the loop's own thread (``time.thread_time``: that thread's CPU time) every :data:`INTERVAL_S`, and
+:func:`watch_loop` publishes the agent's. Each front-end process of ``--openai-frontends N`` watches its own loop
+the same way and reports its verdicts over its link; the agent publishes them naming the front end
+(``agent.service.frontends``).
 """
 
 from __future__ import annotations
@@ -66,28 +69,44 @@ class LoopWatch:
         return None
 
 
-def alert(hub: Hub, verdict: Verdict, watch: LoopWatch) -> Alert:
-    """The alert for ``verdict``, stamped with the node's time."""
-    share = f"{watch.share or 0.0:.0%}"
-    window = f"{watch.window_s:.0f} s"
+AGENT_ADVICE: Final = ("the front end, dispatch and telemetry may limit this node before its GPUs do: run its units as "
+                       "several agents (--agents N; docs/deploy.md, \"Several agents on one node\")")
+FRONTEND_ADVICE: Final = ("the OpenAI front ends may limit this agent before its units do: run more of them "
+                          "(--openai-frontends N; docs/openai-intake.md, \"Several front-end processes\")")
+
+
+def alert(hub: Hub, verdict: Verdict, share: float | None, window_s: float, clear_share: float, *,
+          loop: str = "the agent's event loop", advice: str = AGENT_ADVICE) -> Alert:
+    """The alert for ``verdict`` on ``loop`` (``share``: its busy share over the last ``window_s``), stamped with the
+    node's time; a busy one says what to do about it (``advice``)."""
+    busy = f"{share or 0.0:.0%}"
+    window = f"{window_s:.0f} s"
     if verdict == "busy":
-        message = (f"the agent's event loop was {share} busy over the last {window}: the front end, dispatch and "
-                   "telemetry may limit this node before its GPUs do: run its units as several agents (--agents N; "
-                   "docs/deploy.md, \"Several agents on one node\")")
+        message = f"{loop} was {busy} busy over the last {window}: {advice}"
     else:
-        message = f"the agent's event loop is {share} busy over the last {window}, below {watch.clear_share:.0%}"
+        message = f"{loop} is {busy} busy over the last {window}, below {clear_share:.0%}"
     return Alert(node_id=hub.node_id, time_ns=hub.origin.ns(hub.node.now_s), code=AlertCode.EVENT_LOOP_BUSY,
                  severity="warning" if verdict == "busy" else "info", message=message)
 
 
-async def watch_loop(hub: Hub, watch: LoopWatch | None = None, *, interval_s: float = INTERVAL_S,
-                     clock: Callable[[], float] = time.monotonic,
-                     cpu: Callable[[], float] = time.thread_time) -> None:
-    """Read the loop thread's CPU time every ``interval_s`` until cancelled, publishing on the hub what ``watch``
-    says (run it as a task on the loop it watches)."""
+async def watch_thread(on_verdict: Callable[[Verdict, LoopWatch], None], watch: LoopWatch | None = None, *,
+                       interval_s: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic,
+                       cpu: Callable[[], float] = time.thread_time) -> None:
+    """Read the loop thread's CPU time every ``interval_s`` until cancelled, calling ``on_verdict`` with what
+    ``watch`` says when it changes (run it as a task on the loop it watches)."""
     watch = watch or LoopWatch()
     while True:
         await asyncio.sleep(interval_s)
         verdict = watch.observe(clock(), cpu())
         if verdict is not None:
-            hub.publish(alert(hub, verdict, watch))
+            on_verdict(verdict, watch)
+
+
+async def watch_loop(hub: Hub, watch: LoopWatch | None = None, *, interval_s: float = INTERVAL_S,
+                     clock: Callable[[], float] = time.monotonic,
+                     cpu: Callable[[], float] = time.thread_time) -> None:
+    """:func:`watch_thread` on the agent's own loop, its verdicts published on the hub."""
+    def publish(verdict: Verdict, w: LoopWatch) -> None:
+        hub.publish(alert(hub, verdict, w.share, w.window_s, w.clear_share))
+
+    await watch_thread(publish, watch, interval_s=interval_s, clock=clock, cpu=cpu)

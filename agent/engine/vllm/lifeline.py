@@ -39,22 +39,24 @@ def end_engine(grace_s: float = GRACE_S) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def watch_agent(pid: int, on_gone: Callable[[], None] = end_engine) -> threading.Thread | None:
+def watch_agent(pid: int, on_gone: Callable[[], None] = end_engine, *,
+                what: str = "this engine core") -> threading.Thread | None:
     """Call ``on_gone`` (in a daemon thread) once process ``pid`` has exited. Returns the thread, or None where
     nothing is watched: ``pid`` is this process (an engine run in the agent's own process), or the system has no
-    pidfds (not Linux; logged). A ``pid`` already gone calls ``on_gone`` at once, in the thread."""
+    pidfds (not Linux; logged). A ``pid`` already gone calls ``on_gone`` at once, in the thread. ``what``: this
+    process, as the log lines name it."""
     if pid == os.getpid():
         return None
     if not hasattr(os, "pidfd_open"):
-        log.warning("trackside: no pidfd here: this engine core will not stop by itself if its agent dies")
+        log.warning("trackside: no pidfd here: %s will not stop by itself if its agent dies", what)
         return None
     try:
         fd: int | None = os.pidfd_open(pid)
     except ProcessLookupError:
         fd = None
     except OSError as e:  # a kernel without pidfd_open (ENOSYS), or not allowed
-        log.warning("trackside: cannot watch the agent (PID %d): %s: this engine core will not stop by itself "
-                    "if its agent dies", pid, e)
+        log.warning("trackside: cannot watch the agent (PID %d): %s: %s will not stop by itself if its agent dies",
+                    pid, e, what)
         return None
 
     def watch() -> None:
@@ -66,7 +68,7 @@ def watch_agent(pid: int, on_gone: Callable[[], None] = end_engine) -> threading
                     pass
             finally:
                 os.close(fd)
-        log.warning("trackside: the agent (PID %d) is gone: this engine core stops", pid)
+        log.warning("trackside: the agent (PID %d) is gone: %s stops", pid, what)
         on_gone()
 
     thread = threading.Thread(target=watch, name="trackside-lifeline", daemon=True)

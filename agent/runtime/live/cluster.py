@@ -129,6 +129,8 @@ class LiveCluster(Generic[E]):
         self._held: set[int] = set()
         """Units failed on request (:meth:`fail_unit`): never restarted by the backoff."""
         self.observer: ClusterObserver | None = None
+        self.serving_listeners: list[Callable[[int], None]] = []
+        """Each called with :attr:`num_serving` when a unit fails or rejoins (the front ends' ``/health`` and 503s)."""
         self.max_migrations = max_migrations
         """Requests migrating at once (moved, their first token on the target not yet out); further moves wait."""
         self.rebalance_interval_s = rebalance_interval_s
@@ -441,6 +443,7 @@ class LiveCluster(Generic[E]):
         moved = len(on_it)
         if self.observer is not None:
             self.observer.unit_failed(unit, reason, moved)
+        self._serving_changed()
         if restart:
             self.restarts.after_backoff(unit)
         self.dispatch()
@@ -468,7 +471,13 @@ class LiveCluster(Generic[E]):
                 self.observer.unit_recovered(unit)
             else:
                 self.observer.unit_restarted(unit, num_attempts)
+        self._serving_changed()
         self.dispatch()
+
+    def _serving_changed(self) -> None:
+        n = self.num_serving
+        for listener in self.serving_listeners:
+            listener(n)
 
     def _evacuate(self, streams: Sequence[RequestStream], unit_id: int) -> None:
         """Take ``streams``' requests off their (dead) unit and put them at the front of the dispatcher's queue, each

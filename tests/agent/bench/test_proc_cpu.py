@@ -87,3 +87,13 @@ def test_the_cpu_meter_samples_the_servers_main_thread_over_the_bench() -> None:
     assert busy == pytest.approx(cpu["server_s"] / (ended - began), rel=0.25)  # all of its CPU is the main thread's
     assert cpu["children_busy_1s"] is None or cpu["children_busy_1s"]["max"] < 0.1  # it has no children
     assert max(cpu["threads_s"].values()) >= 0.5
+
+
+def test_a_bench_that_ended_just_before_the_meter_stopped_is_covered() -> None:
+    """The meter samples once more as it stops: a window ending between its last periodic sample and the stop (a
+    bench's end, read just before) has its main-thread share, instead of none."""
+    meter = CpuMeter(os.getpid(), interval_s=30.0)  # one periodic sample only: at the start
+    time.sleep(0.3)
+    out = meter.stop(None, bench_s=0.2, bench_end=time.monotonic())
+    assert "main_thread_busy_in_bench" in out and 0.0 <= out["main_thread_busy_in_bench"] <= 1.5
+    assert len(meter.main) == 2

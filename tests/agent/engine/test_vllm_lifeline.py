@@ -4,6 +4,7 @@ agent, is in ``tests/agent/cli/test_vllm_agent.py``.)"""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -61,11 +62,13 @@ def test_nothing_is_watched_in_the_agents_own_process() -> None:
     assert watch_agent(os.getpid(), lambda: pytest.fail("called")) is None
 
 
-def test_an_agent_already_gone_ends_the_engine_at_once() -> None:
+def test_an_agent_already_gone_ends_the_engine_at_once(caplog: pytest.LogCaptureFixture) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     gone = threading.Event()
-    thread = watch_agent(proc.pid, gone.set)
-    assert thread is not None
-    thread.join(10)
+    with caplog.at_level(logging.WARNING, logger="agent.engine.vllm.lifeline"):
+        thread = watch_agent(proc.pid, gone.set, what="front end 3")  # the log names who stops
+        assert thread is not None
+        thread.join(10)
     assert gone.is_set()
+    assert f"the agent (PID {proc.pid}) is gone: front end 3 stops" in caplog.text

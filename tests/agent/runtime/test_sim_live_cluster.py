@@ -135,10 +135,13 @@ def test_a_killed_engine_loses_no_request_and_restarts() -> None:
     async def main() -> None:
         units = sim_units(2)
         cluster, node, faults, recovered = restarting(units)
+        serving: list[int] = []
+        cluster.serving_listeners.append(serving.append)
         async with cluster:
             streams = [cluster.submit(ClusterRequest(f"r{i:02d}", prompt(64), 30)) for i in range(40)]
             await until(lambda: any(units[1].live[r].outputs for r in units[1].live), "tokens on unit 1")
             units[1].kill("engine core process 4242 exited with code -9")
+            await until(lambda: serving == [1], "the listeners told of the failure")
             tokens = await asyncio.gather(*(drain(s) for s in streams))
             outcomes = [await s.wait() for s in streams]
             await until(lambda: bool(recovered), "the restart")
@@ -148,6 +151,7 @@ def test_a_killed_engine_loses_no_request_and_restarts() -> None:
         assert faults == [(1, "engine core process 4242 exited with code -9")]
         assert recovered == [(1, "restarted (attempt 1)")]  # no engine process to name
         assert cluster.num_restarts == 1 and not units[1].failed and node.unit_modes == ["active", "active"]
+        assert serving == [1, 2]
 
     run(main)
 
@@ -226,15 +230,18 @@ def test_fail_and_recover_a_unit_on_request() -> None:
             u.start()
         async with LiveCluster(units, make_dispatch_policy("round_robin"), ttft_slo_s=1.0,
                                tpot_slo_s=0.1) as cluster:
+            serving: list[int] = []
+            cluster.serving_listeners.append(serving.append)
             streams = [cluster.submit(ClusterRequest(f"r{i}", prompt(64), 40)) for i in range(8)]
             await until(lambda: bool(units[0].live), "requests on unit 0")
             moved = cluster.fail_unit(0)
+            assert serving == [1]  # its engine runs, but it serves no more
             assert moved > 0 and not cluster.accepting[0] and 0 in cluster.failed
             assert all(s.unit_id in (None, 1) for s in streams)
             tokens = await asyncio.gather(*(drain(s) for s in streams))
             assert all(t == [token_id(j) for j in range(40)] for t in tokens)
             assert cluster.recover_unit(0) is None  # its engine ran all along: back at once
-            assert cluster.accepting[0] and not cluster.failed
+            assert cluster.accepting[0] and not cluster.failed and serving == [1, 2]
             later = cluster.submit(ClusterRequest("later", prompt(10), 3))
             assert (await later.wait()).output_tokens == 3
 

@@ -109,3 +109,25 @@ def test_a_listener_is_told_of_each_delta_and_of_the_end() -> None:
             await stream.__anext__()
 
     asyncio.run(go())
+
+
+@pytest.mark.vllm
+def test_a_front_ends_loop_verdict_reaches_the_agent_under_its_index() -> None:
+    """A front end watches its own event loop and reports each verdict over the link; the agent hears it with the
+    front end's index (and nothing from a front end that has not said which it is)."""
+    pytest.importorskip("vllm")
+    from agent.service.frontends import Frontends, Link
+
+    async def main() -> list[tuple[Any, ...]]:
+        reports: list[tuple[Any, ...]] = []
+        frontends = Frontends(Any, 2, model_name="m", on_loop=lambda *report: reports.append(report))  # type: ignore[arg-type]
+        ra, wa, _, _ = await pair()
+        link = Link(frontends, ra, wa)
+        link._on(("loop", "busy", 0.95, 10.0, 0.7))  # before its hello
+        link.index = 1
+        link._on(("loop", "busy", 0.95, 10.0, 0.7))
+        link._on(("loop", "clear", 0.4, 10.0, 0.7))
+        wa.close()
+        return reports
+
+    assert asyncio.run(main()) == [(1, "busy", 0.95, 10.0, 0.7), (1, "clear", 0.4, 10.0, 0.7)]

@@ -11,7 +11,7 @@ import pytest
 from agent.bench.runner import BenchConfig
 from agent.cli.serve import make_node
 from agent.service.hub import Hub
-from agent.service.loop_watch import LoopWatch, watch_loop
+from agent.service.loop_watch import FRONTEND_ADVICE, LoopWatch, alert, watch_loop
 from agent.telemetry import Alert, Subscribe
 from agent.telemetry.events import AlertCode
 from agent.workload.spec import parse_workload
@@ -65,3 +65,15 @@ def test_the_alert_reaches_the_stream() -> None:
     (alert,) = [e for e in hub.replay.since(0).events if isinstance(e, Alert)]
     assert alert.code == AlertCode.EVENT_LOOP_BUSY and alert.severity == "warning" and "95% busy" in alert.message
     assert "--agents N" in alert.message  # what to do about it
+
+
+def test_a_front_ends_alert_names_it_and_says_to_run_more() -> None:
+    config = BenchConfig(units=1)
+    hub = Hub(make_node(config, parse_workload("poisson:n=5,rate=1", seed=1)), node_id="n", profile=config.profile)
+    busy = alert(hub, "busy", 0.93, 10.0, 0.7, loop="front end 2's event loop", advice=FRONTEND_ADVICE)
+    assert busy.severity == "warning" and busy.message.startswith("front end 2's event loop was 93% busy over the last "
+                                                                  "10 s: ")
+    assert "--openai-frontends N" in busy.message
+    clear = alert(hub, "clear", 0.5, 10.0, 0.7, loop="front end 2's event loop", advice=FRONTEND_ADVICE)
+    assert clear.severity == "info" and clear.message == (
+        "front end 2's event loop is 50% busy over the last 10 s, below 70%")
