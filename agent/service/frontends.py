@@ -33,6 +33,7 @@ from agent.runtime.live.cluster import LiveCluster
 from agent.runtime.live.requests import ClusterRequest, RequestStream
 from agent.runtime.live.restarts import backoff
 from agent.service.link import FrontendHello, Outbox, portable, read_frame
+from agent.service.loop_watch import Verdict
 from agent.service.openai_server import cluster_max_tokens
 from agent.telemetry.client import host_port
 
@@ -152,7 +153,7 @@ class Link:
             self.outbox.put(("reply", call_id, True, value))
 
 
-LoopReport = Callable[[int, str, "float | None", float, float], None]
+LoopReport = Callable[[int, Verdict, "float | None", float, float], None]
 """What a front end's loop verdict is given to: its index, ``busy`` or ``clear``, the busy share, the window, the share
 that clears."""
 
@@ -229,8 +230,8 @@ class Frontends:
         self._dir = tempfile.mkdtemp(prefix="trackside-frontends-")  # mode 0700: only this user reaches the link
         path = os.path.join(self._dir, "link")
         self._server = await asyncio.start_unix_server(self._accept, path=path)
+        self._serving = self.cluster.num_serving  # what each hello says
         self.cluster.serving_listeners.append(self._push_serving)  # a unit failed or back: at once
-        self._tasks.append(asyncio.get_running_loop().create_task(self._tell_serving()))
         try:
             port = await self._start_one(0)
             if self.port == 0:
@@ -328,13 +329,6 @@ class Frontends:
             self._serving = n
             for link in self._links:
                 link.outbox.put(("serving", n))
-
-    async def _tell_serving(self, interval_s: float = 0.05) -> None:
-        """The cluster says when a unit fails or rejoins (:meth:`_push_serving`); this also catches what it does not
-        hear of (an engine that stopped serving before its failure reached the cluster)."""
-        while True:
-            self._push_serving(self.cluster.num_serving)
-            await asyncio.sleep(interval_s)
 
     async def stop(self) -> None:
         """Stop the front ends (SIGTERM: they stop taking connections and close theirs), abort what is in flight (no

@@ -30,8 +30,8 @@ from agent.runtime.live.node import LiveClusterNode
 from agent.runtime.live.restarts import backoff
 from agent.service.guard import ConnectionLimits
 from agent.service.hub import Hub
-from agent.service.live_agent import Intake, Listen, serve_live, stop_on_signals
-from agent.service.loop_watch import FRONTEND_ADVICE, alert
+from agent.service.live_agent import Listen, serve_live, stop_on_signals
+from agent.service.loop_watch import FRONTEND_ADVICE, Verdict, alert
 from agent.workload.types import RequestSpec
 from policies.params import ParamValue
 from policies.registry import make_batch_policy, make_dispatch_policy
@@ -150,9 +150,9 @@ async def start_openai(config: VllmAgentConfig, cluster: LiveCluster[VllmUnit], 
     if config.openai_frontends:
         from agent.service.frontends import Frontends, FrontendStartError
 
-        def loop_alert(index: int, verdict: str, share: float | None, window_s: float, clear_share: float) -> None:
-            hub.publish(alert(hub, "busy" if verdict == "busy" else "clear", share, window_s, clear_share,
-                              loop=f"front end {index}'s event loop", advice=FRONTEND_ADVICE))
+        def loop_alert(index: int, verdict: Verdict, share: float | None, window_s: float, clear_share: float) -> None:
+            hub.publish(alert(hub, verdict, share, window_s, clear_share, loop=f"front end {index}'s event loop",
+                              advice=FRONTEND_ADVICE))
 
         openai = Frontends(cluster, config.openai_frontends, *config.serve_openai, model_name=config.model_name,
                            frontend_args=args, metrics=hub.metrics_text, follow_units=config.openai_reuse_port,
@@ -215,12 +215,9 @@ async def run_agent(
                     f"batch policy {config.batch_policy}, dispatch {dispatcher.name}, {loop_name} event loop"
                     f"{f', {len(requests)} requests to replay' if requests else ''})")
 
-        async def openai() -> Intake:
-            intake: Intake = await start_openai(config, cluster, hub, node_id, out)
-            return intake
-
-        await serve_live(node, hub, Listen(host, port, tls, limits), stop=stop, banner=banner,
-                         start_intake=openai if config.serve_openai is not None else None, out=out)
+        openai = (lambda: start_openai(config, cluster, hub, node_id, out)) if config.serve_openai else None
+        await serve_live(node, hub, Listen(host, port, tls, limits), stop=stop, banner=banner, start_intake=openai,
+                         out=out)
     finally:
         for unit in units:
             with contextlib.suppress(Exception):
