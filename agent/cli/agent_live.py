@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import socket
 import sys
 from collections.abc import Sequence
 
 from agent.bench.runner import BenchConfig, split_params, unit_makers
-from agent.cli.common import ServeError
+from agent.cli.common import ServeError, parse_listen
 from agent.cli.connections import connection_limits
 from agent.engine.profiles import load_profile
 from agent.runtime.live.cluster import RESTART_ATTEMPTS
@@ -20,6 +22,9 @@ LIVE_ONLY = ("no_restart", "restart_attempts", "engine_hang_s", "pending_timeout
 refuses them."""
 SIM_LIVE_ONLY = ("kill_engine", "hang_engine")
 """Flags of simulated units under the live runtime only."""
+SIM_OPENAI = ("serve_openai", "served_model_name", "openai_arg", "openai_reuse_port")
+"""Flags of the vLLM group that simulated units take under the live runtime too: vLLM's OpenAI app in front of them
+(``agent.engine.vllm.sim_model``)."""
 DISCRETE_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "instance_size": 0,
                  "migration": None, "speed": 1.0}
 """Flags of simulated units on the discrete-event node only, with their defaults (a live runtime refuses any other
@@ -89,6 +94,36 @@ def parse_faults(args: argparse.Namespace, units: int) -> tuple[tuple[str, int, 
     return tuple(faults)
 
 
+def check_reuse_port(args: argparse.Namespace) -> None:
+    """:class:`ServeError` for ``--openai-reuse-port`` where the kernel does not spread a shared port's
+    connections."""
+    if args.openai_reuse_port and (sys.platform != "linux" or not hasattr(socket, "SO_REUSEPORT")):
+        raise ServeError("--openai-reuse-port needs Linux: only its kernel spreads a port's connections between "
+                         "the processes that share it")
+
+
+def sim_openai_options(args: argparse.Namespace) -> tuple[str, int] | None:
+    """``--serve-openai``'s address for simulated units, its companions checked (vLLM's parser checks
+    ``--openai-arg``); :class:`ServeError` where vLLM is missing."""
+    if not args.serve_openai:
+        for name in SIM_OPENAI[1:]:
+            if getattr(args, name):
+                raise ServeError(f"--{name.replace('_', '-')} goes with --serve-openai HOST:PORT")
+        return None
+    if importlib.util.find_spec("vllm") is None:
+        raise ServeError("--serve-openai serves vLLM's own OpenAI app, also over simulated units: pip install -e "
+                         "'.[vllm]' (vLLM 0.26.0)")
+    check_reuse_port(args)
+    if args.openai_arg:
+        from agent.engine.vllm.openai_app import FrontendArgError, frontend_namespace, frontend_tokens
+
+        try:
+            frontend_namespace("simulated", "simulated", frontend_tokens(args.openai_arg))
+        except FrontendArgError as exc:
+            raise ServeError(f"--openai-arg: {exc}") from None
+    return parse_listen(args.serve_openai, "--serve-openai")
+
+
 def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: Sequence[RequestSpec], *,
                        host: str, port: int, token: str, read_token: str) -> int:
     """``trackside agent --runtime live``: ``bench``'s simulated units, each stepping by itself, under the live
@@ -98,6 +133,7 @@ def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: S
 
     refuse_discrete_options(args, "with --runtime live each unit steps by itself in wall time")
     check_live_options(args)
+    serve = sim_openai_options(args)
     faults = tuple(EngineFault(*f) for f in parse_faults(args, bench.units))
     given = {name: getattr(args, name) or None  # 0: no limit
              for name in ("engine_hang_s", "pending_timeout_s", "restart_attempts") if getattr(args, name) is not None}
@@ -108,7 +144,9 @@ def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: S
         dispatch=bench.dispatch, dispatch_params=dispatch, ttft_slo_s=bench.ttft_slo_ms / 1e3,
         tpot_slo_s=bench.tpot_slo_ms / 1e3, seed=bench.seed,
         requests=[r for r in requests if r.prompt_tokens < profile.max_model_len],  # as the discrete node's agent
-        restart=not args.no_restart, faults=faults, **given)
+        restart=not args.no_restart, faults=faults, serve_openai=serve, served_model_name=args.served_model_name,
+        openai_args=tuple(args.openai_arg or ()), openai_reuse_port=args.openai_reuse_port,
+        max_model_len=profile.max_model_len, **given)
     tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
     if not token:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.bench.runner import split_params
-from agent.cli.agent_live import SIM_LIVE_ONLY, check_live_options, refuse_discrete_options
+from agent.cli.agent_live import SIM_LIVE_ONLY, check_live_options, check_reuse_port, refuse_discrete_options
 from agent.cli.common import ServeError, agent_tokens, parse_listen
 from agent.cli.connections import connection_limits
 from agent.engine.profiles import load_profile
@@ -46,8 +46,10 @@ def add_vllm_options(agent: Any) -> None:
     v.add_argument("--fake-executor", action="store_true",
                    help="CPU: a tiny built-in model on an executor that runs no model (no GPU, no weights)")
     v.add_argument("--serve-openai", metavar="HOST:PORT",
-                   help="serve the OpenAI completions API there (HOST defaults to 127.0.0.1; port 0: any free one)")
-    v.add_argument("--served-model-name", help="the model id OpenAI clients name (default: --model)")
+                   help="serve vLLM's OpenAI app there (HOST defaults to 127.0.0.1; port 0: any free one); also over "
+                   "simulated units with --runtime live (the tiny tokenizer renders prompts, every token is ' ok')")
+    v.add_argument("--served-model-name",
+                   help="the model id OpenAI clients name (default: --model; simulated units: the profile's name)")
     v.add_argument("--openai-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a vllm serve front-end option for the OpenAI app (repeatable), checked by vLLM: "
                    "chat_template=FILE, api_key=KEY, enable_auto_tool_choice=true, response_role=...")
@@ -138,9 +140,7 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
     serve = parse_listen(args.serve_openai, "--serve-openai") if args.serve_openai else None
     if args.openai_reuse_port and serve is None:
         raise ServeError("--openai-reuse-port shares --serve-openai's port: give --serve-openai HOST:PORT")
-    if args.openai_reuse_port and (sys.platform != "linux" or not hasattr(socket, "SO_REUSEPORT")):
-        raise ServeError("--openai-reuse-port needs Linux: only its kernel spreads a port's connections between "
-                         "the processes that share it")
+    check_reuse_port(args)
     if args.openai_frontends < 0:
         raise ServeError("--openai-frontends must be >= 0 (0: this process serves the OpenAI port)")
     if args.openai_frontends and serve is None:

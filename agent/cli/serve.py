@@ -25,7 +25,7 @@ import msgspec
 from websockets.exceptions import InvalidURI, WebSocketException
 
 from agent.bench.runner import TOPOLOGIES, BenchConfig, build_node, split_params
-from agent.cli.agent_live import LIVE_ONLY, SIM_LIVE_ONLY, add_live_options, cmd_agent_sim_live
+from agent.cli.agent_live import LIVE_ONLY, SIM_LIVE_ONLY, SIM_OPENAI, add_live_options, cmd_agent_sim_live
 from agent.cli.agent_vllm import VLLM_ONLY, add_vllm_options, cmd_agent_vllm
 from agent.cli.common import ServeError, agent_tokens, csv_items, load_policy_plugins, parse_listen
 from agent.cli.connections import add_connection_options, connection_limits
@@ -270,26 +270,35 @@ def cmd_agent(args: argparse.Namespace, console: object = None) -> int:
         raise ServeError("--tls-cert and --tls-key go together")
     if args.engine == "vllm":
         return cmd_agent_vllm(args)
+    live = args.runtime == "live"
     given = [name for name in VLLM_ONLY if getattr(args, name) not in (None, False, [])]
     if args.load_format != "auto":
         given.append("load_format")
+    if given and given[0] in SIM_OPENAI and not live:
+        raise ServeError(f"--{given[0].replace('_', '-')} on simulated units needs --runtime live (vLLM's OpenAI "
+                         "app over units that step by themselves in wall time), or --engine vllm")
+    given = [name for name in given if not (live and name in SIM_OPENAI)]
     if given or not args.async_scheduling:
         flag = "--" + (given[0] if given else "no_async_scheduling").replace("_", "-")
         raise ServeError(f"{flag} applies to --engine vllm")
-    live = args.runtime == "live"
     if not live:
         given = [name for name in (*LIVE_ONLY, *SIM_LIVE_ONLY) if getattr(args, name) not in (None, False, [])]
         if given:
             whose = ("simulated units with --runtime live" if given[0] in SIM_LIVE_ONLY
                      else "live units: --engine vllm, or simulated units with --runtime live")
             raise ServeError(f"--{given[0].replace('_', '-')} applies to {whose}")
-    if args.workload is None and args.trace is None:
-        raise ServeError("simulated units replay a workload: give --workload SPEC or --trace FILE")
+    if args.workload is None and args.trace is None and not (live and args.serve_openai):
+        raise ServeError("simulated units replay a workload: give --workload SPEC or --trace FILE (with --runtime "
+                         "live, --serve-openai HOST:PORT takes requests instead)")
     args.units = 4 if args.units is None else args.units
     args.profile = args.profile or "h100-llama31-8b"
     host, port = parse_listen(args.listen)
     token, read_only = agent_tokens(args)
-    requests = (load_trace(args.trace) if args.trace is not None else parse_workload(args.workload, seed=args.seed))
+    requests: Sequence[RequestSpec] = ()
+    if args.trace is not None:
+        requests = load_trace(args.trace)
+    elif args.workload is not None:
+        requests = parse_workload(args.workload, seed=args.seed)
     config = BenchConfig(profile=args.profile, units=args.units, batch_policy=args.batch_policy,
                          dispatch=args.dispatch, params=parse_assignments(args.param), ttft_slo_ms=args.slo_ttft_ms,
                          tpot_slo_ms=args.slo_tpot_ms, seed=args.seed, topology=args.topology,

@@ -14,7 +14,9 @@ and keeps it honest: what the cluster needs from an engine is in the protocol, n
   request's :class:`~agent.engine.live.LiveRequest` (TTFT and TPOT as a client would see them;
   :attr:`SimLiveUnit.late_s` sums the delays), and streamed as
   :class:`~agent.engine.vllm.sampling.TokenDelta` s with made-up token ids (the simulator has no model); every request
-  produces exactly ``max_tokens`` (no stop strings, no text).
+  produces exactly ``max_tokens`` (no end of sequence, no stop strings). Behind a tokenizer (``token``: vLLM's OpenAI
+  app over simulated units, :mod:`agent.engine.vllm.sim_model`) every token is that one id with its text, as the fake
+  executor's are; without one the ids differ by position and carry no text.
 - **Aborts**: cancelling a request's task takes it off the unit (its KV freed), after the step in flight when it is
   part of it.
 - **Control**: :func:`~agent.engine.live.apply_control` on the unit's policy, at once (a new policy plans the next step,
@@ -76,8 +78,12 @@ class SimLiveUnit:
     now and at each :meth:`restart`; ``clock`` is the wall clock the cluster uses (seconds)."""
 
     def __init__(self, make: Callable[[], SimUnit], *, clock: Callable[[], float] = time.time,
-                 hang_s: float | None = None, watch_interval_s: float = 0.5) -> None:
+                 hang_s: float | None = None, watch_interval_s: float = 0.5,
+                 token: tuple[int, str] | None = None) -> None:
         self._make = make
+        self.token = token
+        """The id and text of every token the unit produces (a tokenizer's: the OpenAI intake renders them); None:
+        made-up ids (:func:`token_id`) without text."""
         self.hang_s = hang_s
         """No progress for this long with requests in flight (and not paused) is a hang (:meth:`hang`); None: no
         watchdog."""
@@ -355,8 +361,12 @@ class SimLiveUnit:
                 if live.took(n, now) and self.on_first_token is not None:
                     self.on_first_token(self.unit_id, rid)
                 if live.on_output is not None:
-                    ids = tuple(token_id(i) for i in range(live.outputs - n, live.outputs))
-                    live.on_output(TokenDelta(ids, "", "length" if done is not None else None))
+                    end = "length" if done is not None else None
+                    if self.token is not None:
+                        live.on_output(TokenDelta((self.token[0],) * n, self.token[1] * n, end))
+                    else:
+                        live.on_output(TokenDelta(tuple(token_id(i) for i in range(live.outputs - n, live.outputs)),
+                                                  "", end))
             if done is not None:
                 outcome = live.outcome(rid, self.unit_id, now)
                 self.num_finished += 1

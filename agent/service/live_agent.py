@@ -2,12 +2,13 @@
 
 :func:`serve_live` serves a :class:`~agent.runtime.live.node.LiveClusterNode` (the live cluster of some units and
 their dispatcher) as an agent: the websocket server with its hub (telemetry, control, ``/metrics``), an intake when one
-is given (the OpenAI port of vLLM units), the event-loop watcher, until a stop or the end of a replayed workload.
+is given (vLLM's OpenAI app on a port), the event-loop watcher, until a stop or the end of a replayed workload.
 ``trackside agent --engine vllm`` serves vLLM units with it (``agent.service.launch``), and
 ``trackside agent --runtime live`` simulated units (:func:`run_sim_agent`): the calibrated simulator's units, each
 stepping by itself in wall time (:class:`~agent.engine.sim_live.SimLiveUnit`) under the same runtime as vLLM engines,
 so engine deaths, restarts with backoff, the hang watchdog, the pending timeout, migration by recompute and control
-behave as on a GPU node. This module loads no vLLM.
+behave as on a GPU node; with ``serve_openai`` vLLM's OpenAI app serves them too (:func:`start_sim_openai`, the only
+part that loads vLLM).
 """
 
 from __future__ import annotations
@@ -127,6 +128,15 @@ class SimAgentConfig:
     engine_hang_s: float | None = ENGINE_HANG_S
     pending_timeout_s: float | None = PENDING_TIMEOUT_S
     faults: tuple[EngineFault, ...] = field(default_factory=tuple)
+    serve_openai: tuple[str, int] | None = None
+    """Serve vLLM's OpenAI app there (needs the vllm extra; :mod:`agent.engine.vllm.sim_model`)."""
+    served_model_name: str | None = None
+    """The model id OpenAI clients name (default: the profile's name)."""
+    openai_args: tuple[str, ...] = ()
+    """``vllm serve`` front-end options for the app as ``KEY=VALUE``."""
+    openai_reuse_port: bool = False
+    max_model_len: int = 16384
+    """The context the app allows a request (the profile's; at most the tiny tokenizer model's 16,384)."""
 
 
 async def run_sim_agent(
@@ -140,7 +150,12 @@ async def run_sim_agent(
         stop_on_signals(stop)
     policies = [make_batch_policy(config.batch_policy, dict(config.batch_params)) for _ in config.units]
     dispatcher = make_dispatch_policy(config.dispatch, dict(config.dispatch_params))
-    units = [SimLiveUnit(make, hang_s=config.engine_hang_s) for make in config.units]
+    output_token: tuple[int, str] | None = None
+    if config.serve_openai is not None:  # every token is the tokenizer's " ok" (vLLM is loaded only here)
+        from agent.engine.vllm.sim_model import SIM_TOKEN
+
+        output_token = SIM_TOKEN
+    units = [SimLiveUnit(make, hang_s=config.engine_hang_s, token=output_token) for make in config.units]
     handles: list[asyncio.TimerHandle] = []
     try:
         for unit in units:
@@ -165,7 +180,8 @@ async def run_sim_agent(
                     f"live runtime, batch policy {config.batch_policy}, dispatch {dispatcher.name}"
                     f"{f', {len(config.requests)} requests to replay' if config.requests else ''})")
 
-        await serve_live(node, hub, listen, stop=stop, banner=banner, out=out)
+        intake = (lambda: start_sim_openai(config, cluster, hub, node_id, out)) if config.serve_openai else None
+        await serve_live(node, hub, listen, stop=stop, banner=banner, start_intake=intake, out=out)
     finally:
         for handle in handles:
             handle.cancel()
@@ -173,3 +189,27 @@ async def run_sim_agent(
             with contextlib.suppress(Exception):
                 await unit.stop()
     return 0
+
+
+async def start_sim_openai(config: SimAgentConfig, cluster: LiveCluster[SimLiveUnit], hub: Hub, node_id: str,
+                           out: TextIO) -> Intake:
+    """Serve vLLM's OpenAI app over the simulated units on ``config.serve_openai``, rendering requests with the tiny
+    model's tokenizer (:mod:`agent.engine.vllm.sim_model`)."""
+    from agent.engine.vllm.openai_app import frontend_tokens
+    from agent.engine.vllm.sim_model import check_params, sim_frontend_model, tokenizer_path
+    from agent.service.openai_server import OpenAIServer, ServedModel
+
+    assert config.serve_openai is not None
+
+    def say(text: str) -> None:
+        print(f"trackside agent: {text}", file=out, flush=True)
+
+    model = ServedModel(sim_frontend_model(config.max_model_len), config.served_model_name or config.profile,
+                        check_params)
+    server = OpenAIServer(cluster, *config.serve_openai, frontend_args=frontend_tokens(config.openai_args),
+                          metrics=hub.metrics_text, reuse_port=config.openai_reuse_port, node_id=node_id, say=say,
+                          model=model)
+    await server.start()
+    say(f"OpenAI API at {server.base_url} (model {model.name}: simulated units, every token ' ok'; prompts counted "
+        f"by the tokenizer in {tokenizer_path()})")
+    return server

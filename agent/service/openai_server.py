@@ -45,7 +45,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent.engine.vllm.engine_client import Routed, RoutedEngineClient
 from agent.engine.vllm.openai_app import build_openai_app, frontend_namespace
-from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.live.cluster import LiveCluster
 from agent.runtime.live.requests import ClusterRequest, RequestRejected, RequestStream
 from agent.telemetry.client import host_port
@@ -68,6 +67,19 @@ class _Ticket:
 
 
 _ticket: ContextVar[_Ticket | None] = ContextVar("trackside_http_ticket", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """The model vLLM's app renders requests for, where the units are not vLLM engines (simulated units:
+    :mod:`agent.engine.vllm.sim_model`); vLLM units give their own (each unit's ``AsyncLLM``)."""
+
+    engine: Any
+    """What the engine client takes the model from (``vllm_config``, ``renderer``...; ``FrontendModel``)."""
+    name: str
+    """The model id clients name."""
+    check: Callable[[Any], None] | None = None
+    """Raises ``ValueError`` (400) for sampling parameters the units cannot serve."""
 
 
 def refusal(streams: Sequence[RequestStream], default_retry_s: float) -> tuple[int, dict[str, Any], float] | None:
@@ -179,12 +191,15 @@ def ticketed(submit: Callable[..., Routed]) -> Callable[..., Routed]:
     return submit_
 
 
-def routed_submit(cluster: LiveCluster[VllmUnit]) -> Callable[..., Routed]:
+def routed_submit(cluster: LiveCluster[Any], check: Callable[[Any], None] | None = None) -> Callable[..., Routed]:
     """The engine client's way into the cluster: each tokenized request is queued at the dispatcher with vLLM's
-    sampling parameters, and remembered for the HTTP request that made it (its status and headers)."""
+    sampling parameters, and remembered for the HTTP request that made it (its status and headers); ``check``
+    raises ``ValueError`` (400) for parameters the units cannot serve."""
 
     def submit(request_id: str, prompt_token_ids: list[int], params: Any, *, ttft_slo_s: float | None,
                tpot_slo_s: float | None, arrival_s: float) -> Routed:
+        if check is not None:
+            check(params)
         return cluster.submit(ClusterRequest(request_id, prompt_token_ids, cluster_max_tokens(params),
                                              ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, arrival_s=arrival_s,
                                              params=params))
@@ -197,14 +212,16 @@ def cluster_max_tokens(params: Any) -> int:
     return int(params.max_tokens) if params.max_tokens is not None else 16
 
 
-async def build_app(cluster: LiveCluster[VllmUnit], *, model_name: str | None = None, frontend_args: Sequence[str] = (),
+async def build_app(cluster: LiveCluster[Any], *, model_name: str | None = None, frontend_args: Sequence[str] = (),
                     metrics: Callable[[], str] | None = None, args: argparse.Namespace | None = None,
-                    node_id: str | None = None) -> ASGIApp:
+                    node_id: str | None = None, model: ServedModel | None = None) -> ASGIApp:
     """vLLM's OpenAI app over ``cluster`` (started units), wrapped in :class:`TracksideMiddleware`: what
     :class:`OpenAIServer` serves (see it for the arguments); ``args``: ``frontend_args`` parsed already."""
-    client = RoutedEngineClient(lambda: [u.llm for u in cluster.units], routed_submit(cluster),
+    engines: Callable[[], Sequence[Any]] = ((lambda: [model.engine]) if model is not None
+                                            else (lambda: [u.llm for u in cluster.units]))
+    client = RoutedEngineClient(engines, routed_submit(cluster, model.check if model is not None else None),
                                 lambda: cluster.num_serving, refusal=refusal_status)
-    name = model_name or cluster.units[0].options.model
+    name = model_name or (model.name if model is not None else cluster.units[0].options.model)
     if args is None:
         args = frontend_namespace(str(client.model_config.model), name, frontend_args)
     return await routed_app(client, args, metrics=metrics, retry_after_s=max(1.0, cluster.ttft_slo_s),
@@ -379,18 +396,21 @@ class OpenAIServer(AppServer):
     ``frontend_args``: ``vllm serve`` front-end flags (``--chat-template``, ``--api-key``...), checked by vLLM;
     ``metrics``: the text ``GET /metrics`` serves (the agent's; None keeps vLLM's route).
     ``reuse_port``: the port may be shared with other agents, and is let go while no unit serves; ``node_id``: the
-    agent's, in each routed response's ``x-trackside-node`` header.
+    agent's, in each routed response's ``x-trackside-node`` header; ``model``: what the app renders requests for when
+    the units are not vLLM engines (None: the units' own).
     """
 
-    def __init__(self, cluster: LiveCluster[VllmUnit], host: str = "127.0.0.1", port: int = 8000, *,
+    def __init__(self, cluster: LiveCluster[Any], host: str = "127.0.0.1", port: int = 8000, *,
                  model_name: str | None = None, frontend_args: Sequence[str] = (),
                  metrics: Callable[[], str] | None = None, log_level: str = "warning",
                  reuse_port: bool = False, node_id: str | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, model: ServedModel | None = None) -> None:
         self.cluster = cluster
-        self.model_name = model_name or cluster.units[0].options.model
+        self.model = model
+        self.model_name = model_name or (model.name if model is not None else cluster.units[0].options.model)
+        engine = model.engine if model is not None else cluster.units[0].llm
         # Parsed once, here: bad flags fail before the port is bound.
-        self._args = frontend_namespace(str(cluster.units[0].llm.model_config.model), self.model_name, frontend_args)
+        self._args = frontend_namespace(str(engine.model_config.model), self.model_name, frontend_args)
         self._metrics = metrics
         self._node_id = node_id
         super().__init__(host, port, reuse_port=reuse_port, follow_units=reuse_port, log_level=log_level, say=say)
@@ -401,7 +421,7 @@ class OpenAIServer(AppServer):
     async def build(self) -> ASGIApp:
         self.cluster.start()
         return await build_app(self.cluster, model_name=self.model_name, args=self._args, metrics=self._metrics,
-                               node_id=self._node_id)
+                               node_id=self._node_id, model=self.model)
 
     async def close_units(self) -> None:
         await self.cluster.close()

@@ -45,21 +45,25 @@ def tiny_model_dir() -> str:
 
 
 @cache
-def _model_config(max_model_len: int, tokenizer: bool = False) -> Any:
+def _model_config(max_model_len: int, tokenizer: bool = False, default_max_tokens: int | None = None) -> Any:
     _env()
     from vllm.config import ModelConfig
 
+    generation = {"max_new_tokens": default_max_tokens} if default_max_tokens is not None else {}
     return ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=not tokenizer, max_model_len=max_model_len,
-                       dtype="float16")
+                       dtype="float16", override_generation_config=generation)
 
 
 def cpu_vllm_config(*, max_num_batched_tokens: int = 512, max_num_seqs: int = 32, block_size: int = 16,
                     num_blocks: int = 400, max_model_len: int = 4096, prefix_caching: bool = False,
                     async_scheduling: bool = False, long_prefill_token_threshold: int = 0,
                     step_model: tuple[float, float, float] = (0.003, 2e-6, 1e-8),
-                    additional: dict[str, Any] | None = None, tokenizer: bool = False) -> Any:
+                    additional: dict[str, Any] | None = None, tokenizer: bool = False,
+                    default_max_tokens: int | None = None) -> Any:
     """A ``VllmConfig`` for the tiny model on the CPU; ``step_model`` is the fake executor's step time;
-    ``tokenizer``: load the model's tokenizer (else token ids only, ``skip_tokenizer_init``)."""
+    ``tokenizer``: load the model's tokenizer (else token ids only, ``skip_tokenizer_init``); ``default_max_tokens``:
+    the output length of a request that gives none (the generation config's ``max_new_tokens``; None: vLLM's, to the
+    end of the context)."""
     _env()
     from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 
@@ -71,7 +75,7 @@ def cpu_vllm_config(*, max_num_batched_tokens: int = 512, max_num_seqs: int = 32
     cache_cfg = CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching)
     cache_cfg.num_gpu_blocks = num_blocks
     extra = {"trackside_fake": {"num_blocks": num_blocks, "step_model": list(step_model)}, **(additional or {})}
-    return VllmConfig(model_config=_model_config(max_model_len, tokenizer), scheduler_config=sched,
+    return VllmConfig(model_config=_model_config(max_model_len, tokenizer, default_max_tokens), scheduler_config=sched,
                       cache_config=cache_cfg,
                       device_config=DeviceConfig(device="cpu"), additional_config=extra)
 

@@ -27,8 +27,10 @@ from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
 
+from agent.engine.vllm.tiny_tokenizer import FAKE_TOKEN_ID
+
 KEY = "trackside_fake"
-TOKEN_ID = 7
+TOKEN_ID = FAKE_TOKEN_ID
 LOGPROBS_OF_ALL = 5
 """Alternatives given to a request that asks for the logprobs of the whole vocabulary (``logprobs=-1``)."""
 

@@ -26,8 +26,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+FAKE_TOKEN_ID = 7
+"""The token the fake executor samples at every step (and a simulated unit behind the OpenAI intake produces)."""
 FAKE_TOKEN_TEXT = " ok"
-"""What token id 7 (the fake executor's every token) decodes to."""
+"""What :data:`FAKE_TOKEN_ID` decodes to."""
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"

@@ -1,6 +1,6 @@
 """``trackside agent --engine vllm --fake-executor ...`` (or simulated units) as a child process, for the tests of this
 folder that run the agent as an operator does (``test_vllm_agent.py``, ``test_vllm_frontends.py``,
-``test_sim_live_agent.py``)."""
+``test_sim_live_agent.py``, ``test_sim_openai.py``)."""
 
 from __future__ import annotations
 
@@ -24,15 +24,15 @@ OPENAI_LINE = re.compile(r"^trackside agent: OpenAI API at (http://\S+)")
 class AgentProcess:
     """``trackside agent --engine vllm --fake-executor ...`` as a child process; its URLs read from its stderr."""
 
-    def __init__(self, tmp: Path, *extra: str, token: bool = True, openai_api: bool | str = True,
+    def __init__(self, tmp: Path, *extra: str, token: bool = True, openai_api: bool | str | None = None,
                  simulated: bool = False) -> None:
-        """``openai_api``: serve the OpenAI API on a port of the OS's choosing (True), on this address, or not;
-        ``simulated``: simulated units (``extra`` says how), no OpenAI API."""
+        """``openai_api``: serve the OpenAI API on a port of the OS's choosing (True), on this address, or not (None:
+        vLLM units do, simulated ones not); ``simulated``: simulated units (``extra`` says how)."""
         self.log = tmp / "agent.log"
         engine = ["--node-id", "sim-test"] if simulated else ["--engine", "vllm", "--fake-executor", "--node-id",
                                                               "vllm-test"]
-        if simulated:
-            openai_api = False
+        if openai_api is None:
+            openai_api = not simulated
         argv = [sys.executable, "-m", "agent.cli", "agent", *engine, "--units", "2", "--listen", "127.0.0.1:0",
                 *extra]
         if openai_api:

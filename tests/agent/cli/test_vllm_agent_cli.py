@@ -63,12 +63,14 @@ def test_what_a_vllm_agent_needs(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_the_simulated_agent_is_unchanged_and_takes_no_vllm_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert error_of(capsys, "--workload", "poisson:n=5", "--serve-openai", ":0") == (
-        "--serve-openai applies to --engine vllm")
+        "--serve-openai on simulated units needs --runtime live (vLLM's OpenAI app over units that step by themselves "
+        "in wall time), or --engine vllm")
     assert error_of(capsys, "--workload", "poisson:n=5", "--no-async-scheduling") == (
         "--no-async-scheduling applies to --engine vllm")
     assert error_of(capsys, "--workload", "poisson:n=5", "--load-format", "dummy") == (
         "--load-format applies to --engine vllm")
-    assert error_of(capsys) == "simulated units replay a workload: give --workload SPEC or --trace FILE"
+    assert error_of(capsys) == ("simulated units replay a workload: give --workload SPEC or --trace FILE (with "
+                                "--runtime live, --serve-openai HOST:PORT takes requests instead)")
 
 
 def test_help_explains_the_engines(capsys: pytest.CaptureFixture[str]) -> None:
