@@ -39,7 +39,8 @@ def add_live_options(agent: argparse.ArgumentParser) -> None:
                    help="simulated units: discrete (default), the discrete-event node decides when each unit steps "
                    "(--speed, lockstep, disaggregated pools, migrations that move KV); live, each unit steps by "
                    "itself in wall time under the runtime that vLLM units run (engine deaths, restarts with backoff, "
-                   "the hang watchdog, the pending timeout, migration by recompute). vLLM units are always live")
+                   "the hang watchdog, the pending timeout, migration by recompute; --serve-openai puts vLLM's OpenAI "
+                   "app in front, with the vllm extra). vLLM units are always live")
     v.add_argument("--no-restart", action="store_true",
                    help="leave a unit whose engine died failed (default: restart it, after 1 s doubling to 60 s)")
     v.add_argument("--restart-attempts", type=int, metavar="N",

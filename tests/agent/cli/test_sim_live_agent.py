@@ -104,7 +104,8 @@ def test_what_the_live_runtime_refuses(capsys: pytest.CaptureFixture[str]) -> No
     assert error_of(capsys, "--workload", "poisson:n=5", "--no-restart") == (
         "--no-restart applies to live units: --engine vllm, or simulated units with --runtime live")
     # around the OpenAI port (test_sim_openai.py serves it)
-    assert error_of(capsys, *live, "--served-model-name", "x") == "--served-model-name goes with --serve-openai HOST:PORT"
+    assert error_of(capsys, *live, "--served-model-name", "x") == (
+        "--served-model-name goes with --serve-openai HOST:PORT")
     assert error_of(capsys, "--runtime", "live") == (
         "simulated units replay a workload: give --workload SPEC or --trace FILE (with --runtime live, --serve-openai "
         "HOST:PORT takes requests instead)")
