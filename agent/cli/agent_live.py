@@ -20,9 +20,9 @@ from agent.workload.types import RequestSpec
 LIVE_ONLY = ("no_restart", "restart_attempts", "engine_hang_s", "pending_timeout_s")
 """Flags of live units (``--engine vllm``, or ``--runtime live``): a simulated agent on the discrete-event node
 refuses them."""
-SIM_LIVE_ONLY = ("kill_engine", "hang_engine")
+SIM_LIVE_ONLY = ("kill_engine", "hang_engine", "sim_tokenizer")
 """Flags of simulated units under the live runtime only."""
-SIM_OPENAI = ("serve_openai", "served_model_name", "openai_arg", "openai_reuse_port")
+SIM_OPENAI = ("serve_openai", "served_model_name", "openai_arg", "openai_reuse_port", "sim_tokenizer")
 """Flags of the vLLM group that simulated units take under the live runtime too: vLLM's OpenAI app in front of them
 (``agent.engine.vllm.sim_model``)."""
 DISCRETE_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "instance_size": 0,
@@ -122,6 +122,13 @@ def sim_openai_options(args: argparse.Namespace) -> tuple[str, int] | None:
             frontend_namespace("simulated", "simulated", frontend_tokens(args.openai_arg))
         except FrontendArgError as exc:
             raise ServeError(f"--openai-arg: {exc}") from None
+    if args.sim_tokenizer:
+        from agent.engine.vllm.sim_model import sim_tokenizer
+
+        try:
+            sim_tokenizer(args.sim_tokenizer)
+        except ValueError as exc:
+            raise ServeError(f"--sim-tokenizer {exc}") from None
     return parse_listen(args.serve_openai, "--serve-openai")
 
 
@@ -147,7 +154,7 @@ def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: S
         requests=[r for r in requests if r.prompt_tokens < profile.max_model_len],  # as the discrete node's agent
         restart=not args.no_restart, faults=faults, serve_openai=serve, served_model_name=args.served_model_name,
         openai_args=tuple(args.openai_arg or ()), openai_reuse_port=args.openai_reuse_port,
-        max_model_len=profile.max_model_len, **given)
+        tokenizer=args.sim_tokenizer, max_model_len=profile.max_model_len, **given)
     tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
     if not token:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)

@@ -50,6 +50,10 @@ def add_vllm_options(agent: Any) -> None:
                    "simulated units with --runtime live (the tiny tokenizer renders prompts, every token is ' ok')")
     v.add_argument("--served-model-name",
                    help="the model id OpenAI clients name (default: --model; simulated units: the profile's name)")
+    v.add_argument("--sim-tokenizer", metavar="DIR",
+                   help="simulated units with --serve-openai: the folder of a Hugging Face tokenizer (the calibrated "
+                   "model's) that renders requests, so prompts are counted and chats templated as that model's server "
+                   "would (default: the tiny tokenizer, about 1.5 characters of English a token)")
     v.add_argument("--openai-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a vllm serve front-end option for the OpenAI app (repeatable), checked by vLLM: "
                    "chat_template=FILE, api_key=KEY, enable_auto_tool_choice=true, response_role=...")
@@ -109,8 +113,9 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
     refuse_discrete_options(args, "vLLM engines step by themselves")
     for name in SIM_LIVE_ONLY:
         if getattr(args, name):
-            raise ServeError(f"--{name.replace('_', '-')} applies to simulated units (--runtime live); a vLLM "
-                             "unit's engine core is a process: kill it (status --json gives each unit's engine_pid)")
+            why = ("its model's tokenizer renders a vLLM unit's requests" if name == "sim_tokenizer" else
+                   "a vLLM unit's engine core is a process: kill it (status --json gives each unit's engine_pid)")
+            raise ServeError(f"--{name.replace('_', '-')} applies to simulated units (--runtime live); {why}")
     if args.runtime == "discrete":
         raise ServeError("--runtime discrete applies to simulated units: vLLM engines step by themselves")
     if args.fake_executor and args.model:

@@ -20,7 +20,7 @@ import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from agent.engine.live import ENGINE_HANG_S
 from agent.engine.sim import SimUnit
@@ -36,6 +36,9 @@ from agent.service.server import AgentServer
 from agent.workload.types import RequestSpec
 from policies.params import ParamValue
 from policies.registry import make_batch_policy, make_dispatch_policy
+
+if TYPE_CHECKING:
+    from agent.engine.vllm.sim_model import SimTokenizer
 
 
 class Intake(Protocol):
@@ -135,6 +138,8 @@ class SimAgentConfig:
     openai_args: tuple[str, ...] = ()
     """``vllm serve`` front-end options for the app as ``KEY=VALUE``."""
     openai_reuse_port: bool = False
+    tokenizer: str | None = None
+    """The folder of the tokenizer that renders requests for the app (None: the tiny model's)."""
     max_model_len: int = 16384
     """The context the app allows a request (the profile's; at most the tiny tokenizer model's 16,384)."""
 
@@ -150,12 +155,13 @@ async def run_sim_agent(
         stop_on_signals(stop)
     policies = [make_batch_policy(config.batch_policy, dict(config.batch_params)) for _ in config.units]
     dispatcher = make_dispatch_policy(config.dispatch, dict(config.dispatch_params))
-    output_token: tuple[int, str] | None = None
+    tokenizer = None
     if config.serve_openai is not None:  # every token is the tokenizer's " ok" (vLLM is loaded only here)
-        from agent.engine.vllm.sim_model import SIM_TOKEN
+        from agent.engine.vllm.sim_model import sim_tokenizer
 
-        output_token = SIM_TOKEN
-    units = [SimLiveUnit(make, hang_s=config.engine_hang_s, token=output_token) for make in config.units]
+        tokenizer = sim_tokenizer(config.tokenizer)
+    units = [SimLiveUnit(make, hang_s=config.engine_hang_s, token=tokenizer.token if tokenizer else None)
+             for make in config.units]
     handles: list[asyncio.TimerHandle] = []
     try:
         for unit in units:
@@ -180,7 +186,7 @@ async def run_sim_agent(
                     f"live runtime, batch policy {config.batch_policy}, dispatch {dispatcher.name}"
                     f"{f', {len(config.requests)} requests to replay' if config.requests else ''})")
 
-        intake = (lambda: start_sim_openai(config, cluster, hub, node_id, out)) if config.serve_openai else None
+        intake = (lambda: start_sim_openai(config, cluster, hub, node_id, out, tokenizer)) if tokenizer else None
         await serve_live(node, hub, listen, stop=stop, banner=banner, start_intake=intake, out=out)
     finally:
         for handle in handles:
@@ -192,11 +198,11 @@ async def run_sim_agent(
 
 
 async def start_sim_openai(config: SimAgentConfig, cluster: LiveCluster[SimLiveUnit], hub: Hub, node_id: str,
-                           out: TextIO) -> Intake:
-    """Serve vLLM's OpenAI app over the simulated units on ``config.serve_openai``, rendering requests with the tiny
-    model's tokenizer (:mod:`agent.engine.vllm.sim_model`)."""
+                           out: TextIO, tokenizer: SimTokenizer) -> Intake:
+    """Serve vLLM's OpenAI app over the simulated units on ``config.serve_openai``, rendering requests with
+    ``tokenizer`` (:mod:`agent.engine.vllm.sim_model`)."""
     from agent.engine.vllm.openai_app import frontend_tokens
-    from agent.engine.vllm.sim_model import check_params, sim_frontend_model, tokenizer_path
+    from agent.engine.vllm.sim_model import check_params, sim_frontend_model
     from agent.service.openai_server import OpenAIServer, ServedModel
 
     assert config.serve_openai is not None
@@ -204,12 +210,12 @@ async def start_sim_openai(config: SimAgentConfig, cluster: LiveCluster[SimLiveU
     def say(text: str) -> None:
         print(f"trackside agent: {text}", file=out, flush=True)
 
-    model = ServedModel(sim_frontend_model(config.max_model_len), config.served_model_name or config.profile,
-                        check_params)
+    model = ServedModel(sim_frontend_model(config.max_model_len, tokenizer=tokenizer),
+                        config.served_model_name or config.profile, check_params)
     server = OpenAIServer(cluster, *config.serve_openai, frontend_args=frontend_tokens(config.openai_args),
                           metrics=hub.metrics_text, reuse_port=config.openai_reuse_port, node_id=node_id, say=say,
                           model=model)
     await server.start()
-    say(f"OpenAI API at {server.base_url} (model {model.name}: simulated units, every token ' ok'; prompts counted "
-        f"by the tokenizer in {tokenizer_path()})")
+    say(f"OpenAI API at {server.base_url} (model {model.name}: simulated units, every token "
+        f"{tokenizer.token[1]!r}; prompts counted by the tokenizer in {tokenizer.folder})")
     return server

@@ -45,12 +45,31 @@ def tiny_model_dir() -> str:
 
 
 @cache
-def _model_config(max_model_len: int, tokenizer: bool = False, default_max_tokens: int | None = None) -> Any:
+def sized_model_dir(vocab_size: int, max_len: int) -> str:
+    """A folder with the tiny Llama's ``config.json`` grown to ``vocab_size`` ids and ``max_len`` positions, and no
+    tokenizer: the model beside a tokenizer of another folder (``cpu_vllm_config(tokenizer_dir=...)``)."""
+    if vocab_size < 1 or max_len < 1:
+        raise ValueError(f"a model needs at least 1 id and 1 position, not {vocab_size} and {max_len}")
+    folder = Path(tempfile.gettempdir()) / f"trackside-tiny-llama-{vocab_size}-{max_len}"
+    folder.mkdir(exist_ok=True)
+    config = folder / f".config.json.{os.getpid()}.tmp"
+    config.write_text(json.dumps({**TINY_LLAMA, "vocab_size": vocab_size, "max_position_embeddings": max_len}))
+    os.replace(config, folder / "config.json")
+    return str(folder)
+
+
+@cache
+def _model_config(max_model_len: int, tokenizer: bool = False, default_max_tokens: int | None = None,
+                  tokenizer_dir: tuple[str, int] | None = None) -> Any:
     _env()
     from vllm.config import ModelConfig
 
     generation = {"max_new_tokens": default_max_tokens} if default_max_tokens is not None else {}
-    return ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=not tokenizer, max_model_len=max_model_len,
+    if tokenizer_dir is None:
+        return ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=not tokenizer, max_model_len=max_model_len,
+                           dtype="float16", override_generation_config=generation)
+    folder, vocab_size = tokenizer_dir
+    return ModelConfig(model=sized_model_dir(vocab_size, max_model_len), tokenizer=folder, max_model_len=max_model_len,
                        dtype="float16", override_generation_config=generation)
 
 
@@ -59,11 +78,12 @@ def cpu_vllm_config(*, max_num_batched_tokens: int = 512, max_num_seqs: int = 32
                     async_scheduling: bool = False, long_prefill_token_threshold: int = 0,
                     step_model: tuple[float, float, float] = (0.003, 2e-6, 1e-8),
                     additional: dict[str, Any] | None = None, tokenizer: bool = False,
-                    default_max_tokens: int | None = None) -> Any:
+                    default_max_tokens: int | None = None, tokenizer_dir: tuple[str, int] | None = None) -> Any:
     """A ``VllmConfig`` for the tiny model on the CPU; ``step_model`` is the fake executor's step time;
     ``tokenizer``: load the model's tokenizer (else token ids only, ``skip_tokenizer_init``); ``default_max_tokens``:
     the output length of a request that gives none (the generation config's ``max_new_tokens``; None: vLLM's, to the
-    end of the context)."""
+    end of the context); ``tokenizer_dir``: (folder, vocabulary size) of a tokenizer to load instead of the tiny
+    model's, the model's vocabulary grown to its size (simulated units behind vLLM's app; no engine runs it)."""
     _env()
     from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 
@@ -75,8 +95,8 @@ def cpu_vllm_config(*, max_num_batched_tokens: int = 512, max_num_seqs: int = 32
     cache_cfg = CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching)
     cache_cfg.num_gpu_blocks = num_blocks
     extra = {"trackside_fake": {"num_blocks": num_blocks, "step_model": list(step_model)}, **(additional or {})}
-    return VllmConfig(model_config=_model_config(max_model_len, tokenizer, default_max_tokens), scheduler_config=sched,
-                      cache_config=cache_cfg,
+    model = _model_config(max_model_len, tokenizer, default_max_tokens, tokenizer_dir)
+    return VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache_cfg,
                       device_config=DeviceConfig(device="cpu"), additional_config=extra)
 
 

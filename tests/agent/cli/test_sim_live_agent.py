@@ -106,6 +106,9 @@ def test_what_the_live_runtime_refuses(capsys: pytest.CaptureFixture[str]) -> No
     # around the OpenAI port (test_sim_openai.py serves it)
     assert error_of(capsys, *live, "--served-model-name", "x") == (
         "--served-model-name goes with --serve-openai HOST:PORT")
+    assert error_of(capsys, *live, "--sim-tokenizer", "x") == "--sim-tokenizer goes with --serve-openai HOST:PORT"
+    assert error_of(capsys, "--workload", "poisson:n=5", "--sim-tokenizer", "x") == (
+        "--sim-tokenizer applies to simulated units with --runtime live")
     assert error_of(capsys, "--runtime", "live") == (
         "simulated units replay a workload: give --workload SPEC or --trace FILE (with --runtime live, --serve-openai "
         "HOST:PORT takes requests instead)")

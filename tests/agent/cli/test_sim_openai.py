@@ -20,13 +20,35 @@ from agent_process import AgentProcess
 from serve_harness import run
 
 from agent.cli.serve import main
-from agent.engine.vllm.sim_model import DEFAULT_MAX_TOKENS
+from agent.engine.vllm.cpu import tiny_model_dir
+from agent.engine.vllm.sim_model import DEFAULT_MAX_TOKENS, SIM_TOKEN, sim_tokenizer
 
 pytestmark = pytest.mark.vllm
 
 PROFILE = "h100-llama31-8b"
 STREAMS = 24
 MAX_TOKENS = 150
+
+
+WORDS = ("[UNK]", "<bos>", "<eos>", "hello", "world", "say", "ok", "please", "user", "assistant", ":")
+WORD_MAX_LEN = 8192
+
+
+def word_tokenizer(folder: Path) -> Path:
+    """A Hugging Face tokenizer unlike the tiny one, as an operator's folder has it: a token per word (split at spaces
+    and punctuation, an unknown word ``[UNK]``), ``ok`` a word of its own (id 6), a chat template of its own, and a
+    context of 8,192."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", bos_token="<bos>", eos_token="<eos>",
+                                  model_max_length=WORD_MAX_LEN)
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+                         "{% if add_generation_prompt %}assistant: {% endif %}")
+    tok.save_pretrained(str(folder))
+    return folder
 
 
 def ctl(agent: AgentProcess, *argv: str) -> tuple[int, str]:
@@ -124,8 +146,60 @@ def test_openai_clients_are_served_by_simulated_units_and_keep_their_streams_whe
                for line in lines), lines
 
 
-def test_vllm_checks_the_front_end_options(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--openai-arg`` goes through vLLM's own parser before anything starts (the other refusals around the port:
-    ``test_sim_live_agent.py``)."""
-    assert error_of(capsys, "--runtime", "live", "--serve-openai", "127.0.0.1:0", "--openai-arg",
-                    "no_such_flag=1").startswith("--openai-arg: unrecognized arguments: --no-such-flag")
+def test_an_operators_tokenizer_counts_the_prompts_and_renders_the_chats(tmp_path: Path) -> None:
+    """With ``--sim-tokenizer DIR`` the app renders requests with that tokenizer (its words, its chat template, its
+    context) and every token a unit produces is its ``ok``."""
+    from transformers import AutoTokenizer
+
+    folder = word_tokenizer(tmp_path / "tokenizer")
+    words, tiny = AutoTokenizer.from_pretrained(str(folder)), AutoTokenizer.from_pretrained(tiny_model_dir())
+    prompt = "hello world, please say hello"
+    assert len(tiny.encode(prompt)) > len(words.encode(prompt)) == 6  # the counts tell the tokenizers apart
+    proc = AgentProcess(tmp_path, "--runtime", "live", "--sim-tokenizer", str(folder), simulated=True,
+                        openai_api=True)
+    assert any(f"every token 'ok'; prompts counted by the tokenizer in {folder.resolve()}" in line
+               for line in proc.lines()), proc.lines()
+    try:
+        async def go() -> None:
+            client = proc.client()
+            text = await client.completions.create(model=PROFILE, prompt=prompt, max_tokens=4)
+            assert text.choices[0].text == "ok" * 4
+            assert text.usage is not None and text.usage.prompt_tokens == 6
+            messages = [{"role": "user", "content": "say hello"}]
+            chat = await client.chat.completions.create(model=PROFILE, messages=messages,  # type: ignore[arg-type]
+                                                        max_tokens=3)
+            assert chat.choices[0].message.content == "ok" * 3
+            rendered = words.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            assert rendered == "user: say hello assistant: "
+            assert chat.usage is not None and chat.usage.prompt_tokens == len(words.encode(rendered)) == 6
+            async with httpx.AsyncClient(base_url=proc.openai_url.removesuffix("/v1"), timeout=30) as http:
+                tokens = (await http.post("/tokenize", json={"model": PROFILE, "prompt": "hello nowhere"})).json()
+                assert (tokens["tokens"], tokens["max_model_len"]) == ([3, 0], WORD_MAX_LEN)
+
+        run(go, timeout_s=60)
+    finally:
+        assert proc.stop() == 0
+
+
+def test_the_units_token_is_the_first_of_ok_as_the_tokenizer_encodes_it(tmp_path: Path) -> None:
+    assert sim_tokenizer().token == SIM_TOKEN == (7, " ok")
+    word = sim_tokenizer(str(word_tokenizer(tmp_path / "words")))
+    assert (word.token, word.vocab_size, word.max_len, word.own) == ((6, "ok"), len(WORDS), WORD_MAX_LEN, True)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: no tokenizer in it"):
+        sim_tokenizer(str(tmp_path / "empty"))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer.json").write_text("{")
+    with pytest.raises(ValueError, match="broken: no tokenizer there that transformers can load"):
+        sim_tokenizer(str(tmp_path / "broken"))
+
+
+def test_vllm_checks_the_front_end_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--openai-arg`` goes through vLLM's own parser and ``--sim-tokenizer`` is loaded before anything starts (the
+    other refusals around the port: ``test_sim_live_agent.py``)."""
+    live = ("--runtime", "live", "--serve-openai", "127.0.0.1:0")
+    assert error_of(capsys, *live, "--openai-arg", "no_such_flag=1").startswith(
+        "--openai-arg: unrecognized arguments: --no-such-flag")
+    assert error_of(capsys, *live, "--sim-tokenizer", str(tmp_path / "none")) == (
+        f"--sim-tokenizer {tmp_path / 'none'}: not a folder (one with a Hugging Face tokenizer: tokenizer.json and "
+        "tokenizer_config.json, as a model's folder has)")

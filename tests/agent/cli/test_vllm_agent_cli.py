@@ -50,6 +50,9 @@ def test_what_a_vllm_agent_needs(tmp_path: Path, capsys: pytest.CaptureFixture[s
         ("--fake-executor", "--serve-openai", ":0", "--openai-arg", "x"): "--openai-arg: 'x': KEY=VALUE",
         ("--fake-executor", "--serve-openai", ":0", "--speed", "2"): "--speed applies to simulated units",
         ("--fake-executor", "--serve-openai", ":0", "--lockstep"): "--lockstep applies to simulated units",
+        ("--fake-executor", "--serve-openai", ":0", "--sim-tokenizer", "x"): (
+            "--sim-tokenizer applies to simulated units (--runtime live); its model's tokenizer renders a vLLM "
+            "unit's requests"),
         ("--fake-executor", "--serve-openai", ":0", "--units", "2", "--gpu-memory-utilization", "1.5"):
             "--gpu-memory-utilization is each unit's share",
         ("--fake-executor", "--serve-openai", "localhost"): (
