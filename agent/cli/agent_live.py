@@ -9,6 +9,7 @@ import importlib.util
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from agent.bench.runner import BenchConfig, split_params, unit_makers
 from agent.cli.common import ServeError, parse_listen
@@ -22,7 +23,8 @@ LIVE_ONLY = ("no_restart", "restart_attempts", "engine_hang_s", "pending_timeout
 refuses them."""
 SIM_LIVE_ONLY = ("kill_engine", "hang_engine", "sim_tokenizer")
 """Flags of simulated units under the live runtime only."""
-SIM_OPENAI = ("serve_openai", "served_model_name", "openai_arg", "openai_reuse_port", "sim_tokenizer")
+SIM_OPENAI = ("serve_openai", "served_model_name", "openai_arg", "openai_reuse_port", "openai_frontends",
+              "sim_tokenizer")
 """Flags of the vLLM group that simulated units take under the live runtime too: vLLM's OpenAI app in front of them
 (``agent.engine.vllm.sim_model``)."""
 DISCRETE_ONLY = {"topology": "colocated", "prefill_units": None, "lockstep": False, "instance_size": 0,
@@ -95,12 +97,17 @@ def parse_faults(args: argparse.Namespace, units: int) -> tuple[tuple[str, int, 
     return tuple(faults)
 
 
-def check_reuse_port(args: argparse.Namespace) -> None:
-    """:class:`ServeError` for ``--openai-reuse-port`` where the kernel does not spread a shared port's
-    connections."""
-    if args.openai_reuse_port and (sys.platform != "linux" or not hasattr(socket, "SO_REUSEPORT")):
+def check_port_sharing(args: argparse.Namespace) -> None:
+    """:class:`ServeError` for ``--openai-reuse-port`` or ``--openai-frontends`` where the kernel does not spread a
+    shared port's connections, or a negative ``--openai-frontends``."""
+    if args.openai_frontends < 0:
+        raise ServeError("--openai-frontends must be >= 0 (0: this process serves the OpenAI port)")
+    spreads = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
+    if args.openai_reuse_port and not spreads:
         raise ServeError("--openai-reuse-port needs Linux: only its kernel spreads a port's connections between "
                          "the processes that share it")
+    if args.openai_frontends > 1 and not spreads:
+        raise ServeError("--openai-frontends N > 1 needs Linux: the front ends share one port (SO_REUSEPORT)")
 
 
 def sim_openai_options(args: argparse.Namespace) -> tuple[str, int] | None:
@@ -114,7 +121,7 @@ def sim_openai_options(args: argparse.Namespace) -> tuple[str, int] | None:
     if importlib.util.find_spec("vllm") is None:
         raise ServeError("--serve-openai serves vLLM's own OpenAI app, also over simulated units: pip install -e "
                          "'.[vllm]' (vLLM 0.26.0)")
-    check_reuse_port(args)
+    check_port_sharing(args)
     if args.openai_arg:
         from agent.engine.vllm.openai_app import FrontendArgError, frontend_namespace, frontend_tokens
 
@@ -136,14 +143,14 @@ def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: S
                        host: str, port: int, token: str, read_token: str) -> int:
     """``trackside agent --runtime live``: ``bench``'s simulated units, each stepping by itself, under the live
     runtime (:func:`agent.service.live_agent.run_sim_agent`)."""
-    from agent.service.live_agent import EngineFault, Listen, SimAgentConfig, run_sim_agent
+    from agent.service.live_agent import AgentStartError, EngineFault, Listen, SimAgentConfig, run_sim_agent
     from agent.service.server import server_ssl_context
 
     refuse_discrete_options(args, "with --runtime live each unit steps by itself in wall time")
     check_live_options(args)
     serve = sim_openai_options(args)
     faults = tuple(EngineFault(*f) for f in parse_faults(args, bench.units))
-    given = {name: getattr(args, name) or None  # 0: no limit
+    given: dict[str, Any] = {name: getattr(args, name) or None  # 0: no limit
              for name in ("engine_hang_s", "pending_timeout_s", "restart_attempts") if getattr(args, name) is not None}
     profile = load_profile(bench.profile)
     batch, dispatch = split_params(bench.params, bench.batch_policy, bench.dispatch)
@@ -154,7 +161,8 @@ def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: S
         requests=[r for r in requests if r.prompt_tokens < profile.max_model_len],  # as the discrete node's agent
         restart=not args.no_restart, faults=faults, serve_openai=serve, served_model_name=args.served_model_name,
         openai_args=tuple(args.openai_arg or ()), openai_reuse_port=args.openai_reuse_port,
-        tokenizer=args.sim_tokenizer, max_model_len=profile.max_model_len, **given)
+        openai_frontends=args.openai_frontends, tokenizer=args.sim_tokenizer, max_model_len=profile.max_model_len,
+        **given)
     tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
     if not token:
         print("trackside agent: no --token-file: control is disabled (read-only)", file=sys.stderr)
@@ -163,5 +171,7 @@ def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: S
         return asyncio.run(run_sim_agent(config, node_id=args.node_id, token=token, read_token=read_token,
                                          listen=listen, replay_events=args.replay_events,
                                          slack_sample_ms=args.slack_sample_ms))
-    except OSError as exc:  # the port is taken, the address is not ours
-        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except AgentStartError as exc:
+        raise ServeError(str(exc)) from None
+    except OSError as exc:  # a port is taken (the agent's or the OpenAI one), an address is not ours
+        raise ServeError(f"cannot listen: {exc.strerror or exc}") from None

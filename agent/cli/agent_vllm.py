@@ -8,7 +8,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import socket
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.bench.runner import split_params
-from agent.cli.agent_live import SIM_LIVE_ONLY, check_live_options, check_reuse_port, refuse_discrete_options
+from agent.cli.agent_live import SIM_LIVE_ONLY, check_live_options, check_port_sharing, refuse_discrete_options
 from agent.cli.common import ServeError, agent_tokens, parse_listen
 from agent.cli.connections import connection_limits
 from agent.engine.profiles import load_profile
@@ -145,13 +144,9 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
     serve = parse_listen(args.serve_openai, "--serve-openai") if args.serve_openai else None
     if args.openai_reuse_port and serve is None:
         raise ServeError("--openai-reuse-port shares --serve-openai's port: give --serve-openai HOST:PORT")
-    check_reuse_port(args)
-    if args.openai_frontends < 0:
-        raise ServeError("--openai-frontends must be >= 0 (0: this process serves the OpenAI port)")
+    check_port_sharing(args)
     if args.openai_frontends and serve is None:
         raise ServeError("--openai-frontends N serves --serve-openai's port: give --serve-openai HOST:PORT")
-    if args.openai_frontends > 1 and (sys.platform != "linux" or not hasattr(socket, "SO_REUSEPORT")):
-        raise ServeError("--openai-frontends N > 1 needs Linux: the front ends share one port (SO_REUSEPORT)")
     requests: Sequence[RequestSpec] = ()
     if args.trace is not None:
         requests = load_trace(args.trace)
@@ -168,7 +163,8 @@ def cmd_agent_vllm(args: argparse.Namespace) -> int:
 
     from agent.engine.vllm.placement import visible_gpu_count
     from agent.engine.vllm.plan import NodeRequest, PlanError, plan_json, resolve
-    from agent.service.launch import AgentStartError, VllmAgentConfig, run_agent
+    from agent.service.launch import VllmAgentConfig, run_agent
+    from agent.service.live_agent import AgentStartError
 
     request = NodeRequest(
         model=args.model, fake_executor=args.fake_executor, units=args.units, gpus=args.gpus,

@@ -151,8 +151,15 @@ class FrontendServer(AppServer):
 
     async def build(self) -> Any:
         model = FrontendModel(self.hello.vllm_config, self.link.call)
-        client = RoutedEngineClient(lambda: [model], ticketed(self.link.submit), self.serving,
-                                    refusal=refusal_status)
+        check = self.hello.check
+
+        def checked(request_id: str, prompt_token_ids: list[int], params: Any, **slos: Any) -> RemoteStream:
+            assert check is not None  # parameters the units cannot serve: 400 here, before the request leaves
+            check(params)
+            return self.link.submit(request_id, prompt_token_ids, params, **slos)
+
+        submit = self.link.submit if check is None else checked
+        client = RoutedEngineClient(lambda: [model], ticketed(submit), self.serving, refusal=refusal_status)
         return await routed_app(client, self._args, metrics=lambda: self.link.call("metrics"),
                                 retry_after_s=self.hello.retry_after_s, node_id=self.hello.node_id,
                                 frontend=self.hello.index)

@@ -28,13 +28,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from agent.engine.vllm.delta_codec import compact
-from agent.engine.vllm.unit import VllmUnit
 from agent.runtime.live.cluster import LiveCluster
 from agent.runtime.live.requests import ClusterRequest, RequestStream
 from agent.runtime.live.restarts import backoff
 from agent.service.link import FrontendHello, Outbox, portable, read_frame
-from agent.service.loop_watch import Verdict
-from agent.service.openai_server import cluster_max_tokens
+from agent.service.loop_watch import FRONTEND_ADVICE, Verdict, alert
+from agent.service.openai_server import ServedModel, cluster_max_tokens
 from agent.telemetry.client import host_port
 
 log = logging.getLogger(__name__)
@@ -163,15 +162,18 @@ class Frontends:
     ``GET /metrics`` serves (the agent's); ``follow_units``: they let the port go while no unit serves (the port
     is shared with other agents); ``say``: where their starts, deaths and restarts are told."""
 
-    def __init__(self, cluster: LiveCluster[VllmUnit], count: int, host: str = "127.0.0.1", port: int = 8000, *,
+    def __init__(self, cluster: LiveCluster[Any], count: int, host: str = "127.0.0.1", port: int = 8000, *,
                  model_name: str, frontend_args: Sequence[str] = (), metrics: Callable[[], str] | None = None,
                  follow_units: bool = False, node_id: str | None = None, log_level: str = "warning",
                  uvloop: bool = True, say: Callable[[str], None] | None = None,
                  restart_delays: Callable[[], Iterator[float]] | None = backoff,
-                 on_loop: LoopReport | None = None) -> None:
+                 on_loop: LoopReport | None = None, model: ServedModel | None = None) -> None:
         if count < 1:
             raise ValueError("--openai-frontends: at least 1")
         self.cluster = cluster
+        self.model = model
+        """The model the front ends render for where the units are not vLLM engines (simulated units): its
+        ``vllm_config`` goes in the hello, its ``check`` runs in each front end, and its engine answers the calls."""
         self.count = count
         self.host = host
         self.port = port
@@ -207,11 +209,12 @@ class Frontends:
         return [p.pid if p is not None else None for p in self.processes]
 
     def hello(self, index: int) -> FrontendHello:
-        return FrontendHello(index=index, vllm_config=self.cluster.units[0].llm.vllm_config, host=self.host,
+        engine = self.model.engine if self.model is not None else self.cluster.units[0].llm
+        return FrontendHello(index=index, vllm_config=engine.vllm_config, host=self.host,
                              port=self.port, model_name=self.model_name, frontend_args=self.frontend_args,
                              node_id=self._node_id, retry_after_s=max(1.0, self.cluster.ttft_slo_s),
                              serving=self.cluster.num_serving, follow_units=self._follow_units,
-                             log_level=self._log_level)
+                             log_level=self._log_level, check=self.model.check if self.model is not None else None)
 
     async def call(self, method: str, args: Sequence[Any]) -> Any:
         """A front end's call: the metrics text, or ``method`` on every serving unit's engine."""
@@ -219,7 +222,8 @@ class Frontends:
             return self._metrics() if self._metrics is not None else ""
         if method not in UNIT_CALLS:
             raise ValueError(f"not a call a front end may make: {method!r}")
-        engines = [u.llm for u in self.cluster.units if u.llm is not None and not u.llm.errored]
+        engines = ([self.model.engine] if self.model is not None else
+                   [u.llm for u in self.cluster.units if u.llm is not None and not u.llm.errored])
         results = await asyncio.gather(*(getattr(e, method)(*args) for e in engines))
         return all(results) if method == "reset_prefix_cache" else None
 
@@ -355,3 +359,21 @@ class Frontends:
             self._server.close()
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+async def start_frontends(cluster: LiveCluster[Any], count: int, host: str, port: int, *, hub: Any,
+                          say: Callable[[str], None], about: str = "", **options: Any) -> Frontends:
+    """Start ``count`` front ends for ``cluster`` on ``host:port`` (``options``: :class:`Frontends`'), a front end's
+    busy event loop alerted on ``hub``'s stream, and ``say`` where they serve (``about``: what else to say of them);
+    :class:`FrontendStartError` where one did not start."""
+
+    def loop_alert(index: int, verdict: Verdict, share: float | None, window_s: float, clear_share: float) -> None:
+        hub.publish(alert(hub, verdict, share, window_s, clear_share, loop=f"front end {index}'s event loop",
+                          advice=FRONTEND_ADVICE))
+
+    frontends = Frontends(cluster, count, host, port, metrics=hub.metrics_text, say=say, on_loop=loop_alert,
+                          **options)
+    await frontends.start()
+    say(f"OpenAI API at {frontends.base_url} ({count} front-end processes, PIDs "
+        f"{', '.join(str(p) for p in frontends.pids)}{'; ' + about if about else ''})")
+    return frontends

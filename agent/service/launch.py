@@ -30,8 +30,7 @@ from agent.runtime.live.node import LiveClusterNode
 from agent.runtime.live.restarts import backoff
 from agent.service.guard import ConnectionLimits
 from agent.service.hub import Hub
-from agent.service.live_agent import Listen, serve_live, stop_on_signals
-from agent.service.loop_watch import FRONTEND_ADVICE, Verdict, alert
+from agent.service.live_agent import AgentStartError, Listen, serve_live, stop_on_signals
 from agent.workload.types import RequestSpec
 from policies.params import ParamValue
 from policies.registry import make_batch_policy, make_dispatch_policy
@@ -42,10 +41,6 @@ agent reads only their counts and the last step message; the stream and the reco
 default (``agent.engine.vllm.unit.HISTORY``, 20,000 each) is for runs that read their records back (``trackside
 bench``, the GPU validation): about 1 KB per step, 80 MB for four units once full, which a slow engine fills over
 hours (issue #21's soak, docs/benchmarks.md)."""
-
-
-class AgentStartError(Exception):
-    """A unit's engine did not start (the message says which and why)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,22 +143,14 @@ async def start_openai(config: VllmAgentConfig, cluster: LiveCluster[VllmUnit], 
 
     openai: Any
     if config.openai_frontends:
-        from agent.service.frontends import Frontends, FrontendStartError
+        from agent.service.frontends import FrontendStartError, start_frontends
 
-        def loop_alert(index: int, verdict: Verdict, share: float | None, window_s: float, clear_share: float) -> None:
-            hub.publish(alert(hub, verdict, share, window_s, clear_share, loop=f"front end {index}'s event loop",
-                              advice=FRONTEND_ADVICE))
-
-        openai = Frontends(cluster, config.openai_frontends, *config.serve_openai, model_name=config.model_name,
-                           frontend_args=args, metrics=hub.metrics_text, follow_units=config.openai_reuse_port,
-                           node_id=node_id, uvloop=config.uvloop, say=say, on_loop=loop_alert)
         try:
-            await openai.start()
+            return await start_frontends(cluster, config.openai_frontends, *config.serve_openai, hub=hub, say=say,
+                                         model_name=config.model_name, frontend_args=args,
+                                         follow_units=config.openai_reuse_port, node_id=node_id, uvloop=config.uvloop)
         except FrontendStartError as exc:
             raise AgentStartError(f"the OpenAI front ends did not start: {exc}") from None
-        say(f"OpenAI API at {openai.base_url} ({config.openai_frontends} front-end processes, PIDs "
-            f"{', '.join(str(p) for p in openai.pids)})")
-        return openai
     from agent.service.openai_server import OpenAIServer
 
     openai = OpenAIServer(cluster, *config.serve_openai, model_name=config.model_name, frontend_args=args,

@@ -60,6 +60,9 @@ class FrontendHello:
     follow_units: bool
     """Let the port go while no unit serves (the agent's port is shared with other agents)."""
     log_level: str = "warning"
+    check: Callable[[Any], None] | None = None
+    """Raises ``ValueError`` (400) for sampling parameters the units cannot serve (simulated units: a module's
+    function, pickled by name)."""
 
 
 def pack(messages: list[tuple[Any, ...]]) -> bytes:

@@ -41,6 +41,11 @@ if TYPE_CHECKING:
     from agent.engine.vllm.sim_model import SimTokenizer
 
 
+class AgentStartError(Exception):
+    """A part of the agent did not start: a unit's engine, or the OpenAI front ends (the message says which and
+    why)."""
+
+
 class Intake(Protocol):
     """A way in for requests besides a replayed workload (the OpenAI port); the agent serves until it is stopped."""
 
@@ -138,6 +143,8 @@ class SimAgentConfig:
     openai_args: tuple[str, ...] = ()
     """``vllm serve`` front-end options for the app as ``KEY=VALUE``."""
     openai_reuse_port: bool = False
+    openai_frontends: int = 0
+    """Serve the app from this many front-end processes (0: this process serves it)."""
     tokenizer: str | None = None
     """The folder of the tokenizer that renders requests for the app (None: the tiny model's)."""
     max_model_len: int = 16384
@@ -212,10 +219,21 @@ async def start_sim_openai(config: SimAgentConfig, cluster: LiveCluster[SimLiveU
 
     model = ServedModel(sim_frontend_model(config.max_model_len, tokenizer=tokenizer),
                         config.served_model_name or config.profile, check_params)
+    about = (f"model {model.name}: simulated units, every token {tokenizer.token[1]!r}; prompts counted by the "
+             f"tokenizer in {tokenizer.folder}")
+    if config.openai_frontends:
+        from agent.service.frontends import FrontendStartError, start_frontends
+
+        try:
+            return await start_frontends(cluster, config.openai_frontends, *config.serve_openai, hub=hub, say=say,
+                                         model_name=model.name, frontend_args=frontend_tokens(config.openai_args),
+                                         follow_units=config.openai_reuse_port, node_id=node_id, model=model,
+                                         about=about)
+        except FrontendStartError as exc:
+            raise AgentStartError(f"the OpenAI front ends did not start: {exc}") from None
     server = OpenAIServer(cluster, *config.serve_openai, frontend_args=frontend_tokens(config.openai_args),
                           metrics=hub.metrics_text, reuse_port=config.openai_reuse_port, node_id=node_id, say=say,
                           model=model)
     await server.start()
-    say(f"OpenAI API at {server.base_url} (model {model.name}: simulated units, every token "
-        f"{tokenizer.token[1]!r}; prompts counted by the tokenizer in {tokenizer.folder})")
+    say(f"OpenAI API at {server.base_url} ({about})")
     return server

@@ -112,8 +112,10 @@ def test_what_the_live_runtime_refuses(capsys: pytest.CaptureFixture[str]) -> No
     assert error_of(capsys, "--runtime", "live") == (
         "simulated units replay a workload: give --workload SPEC or --trace FILE (with --runtime live, --serve-openai "
         "HOST:PORT takes requests instead)")
-    assert error_of(capsys, *live, "--serve-openai", "127.0.0.1:0", "--openai-frontends", "2") == (
-        "--openai-frontends applies to --engine vllm")
+    assert error_of(capsys, *live, "--openai-frontends", "2") == "--openai-frontends goes with --serve-openai HOST:PORT"
+    assert error_of(capsys, "--workload", "poisson:n=5", "--openai-frontends", "2") == (
+        "--openai-frontends on simulated units needs --runtime live (vLLM's OpenAI app over units that step by "
+        "themselves in wall time), or --engine vllm")
 
 
 def test_a_node_config_file_says_it_too(tmp_path: Path) -> None:

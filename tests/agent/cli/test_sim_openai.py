@@ -146,18 +146,20 @@ def test_openai_clients_are_served_by_simulated_units_and_keep_their_streams_whe
                for line in lines), lines
 
 
-def test_an_operators_tokenizer_counts_the_prompts_and_renders_the_chats(tmp_path: Path) -> None:
+def test_an_operators_tokenizer_counts_the_prompts_and_renders_the_chats_in_every_front_end(tmp_path: Path) -> None:
     """With ``--sim-tokenizer DIR`` the app renders requests with that tokenizer (its words, its chat template, its
-    context) and every token a unit produces is its ``ok``."""
+    context) and every token a unit produces is its ``ok``; with ``--openai-frontends 2`` two front-end processes
+    serve the app, each rendering with it and refusing logprobs itself."""
     from transformers import AutoTokenizer
 
     folder = word_tokenizer(tmp_path / "tokenizer")
     words, tiny = AutoTokenizer.from_pretrained(str(folder)), AutoTokenizer.from_pretrained(tiny_model_dir())
     prompt = "hello world, please say hello"
     assert len(tiny.encode(prompt)) > len(words.encode(prompt)) == 6  # the counts tell the tokenizers apart
-    proc = AgentProcess(tmp_path, "--runtime", "live", "--sim-tokenizer", str(folder), simulated=True,
-                        openai_api=True)
-    assert any(f"every token 'ok'; prompts counted by the tokenizer in {folder.resolve()}" in line
+    proc = AgentProcess(tmp_path, "--runtime", "live", "--sim-tokenizer", str(folder), "--openai-frontends", "2",
+                        simulated=True, openai_api=True)
+    assert any("(2 front-end processes, PIDs " in line and
+               f"every token 'ok'; prompts counted by the tokenizer in {folder.resolve()}" in line
                for line in proc.lines()), proc.lines()
     try:
         async def go() -> None:
@@ -172,9 +174,19 @@ def test_an_operators_tokenizer_counts_the_prompts_and_renders_the_chats(tmp_pat
             rendered = words.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             assert rendered == "user: say hello assistant: "
             assert chat.usage is not None and chat.usage.prompt_tokens == len(words.encode(rendered)) == 6
-            async with httpx.AsyncClient(base_url=proc.openai_url.removesuffix("/v1"), timeout=30) as http:
-                tokens = (await http.post("/tokenize", json={"model": PROFILE, "prompt": "hello nowhere"})).json()
-                assert (tokens["tokens"], tokens["max_model_len"]) == ([3, 0], WORD_MAX_LEN)
+            frontends = set()
+            for _ in range(12):  # new connections, spread by the kernel (SO_REUSEPORT)
+                async with httpx.AsyncClient(base_url=proc.openai_url.removesuffix("/v1"), timeout=30) as http:
+                    tokens = await http.post("/tokenize", json={"model": PROFILE, "prompt": "hello nowhere"})
+                    assert (tokens.json()["tokens"], tokens.json()["max_model_len"]) == ([3, 0], WORD_MAX_LEN)
+                    refused = await http.post("/v1/completions", json={"model": PROFILE, "prompt": "hello",
+                                                                      "max_tokens": 2, "logprobs": 1})
+                    assert refused.status_code == 400 and "no logprobs" in refused.json()["error"]["message"]
+                    answered = await http.post("/v1/completions", json={"model": PROFILE, "prompt": "hello world",
+                                                                       "max_tokens": 2})
+                    assert answered.json()["usage"]["prompt_tokens"] == 2
+                    frontends.add(answered.headers["x-trackside-frontend"])
+            assert frontends <= {"0", "1"} and frontends
 
         run(go, timeout_s=60)
     finally:
