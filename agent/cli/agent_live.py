@@ -55,12 +55,13 @@ def add_live_options(agent: argparse.ArgumentParser) -> None:
     v.add_argument("--pending-timeout-s", type=float, metavar="S",
                    help="a request no unit took within this long is rejected (default 30; 0: it waits for ever)")
     v.add_argument("--kill-engine", action="append", default=[], metavar="UNIT@S",
-                   help="--runtime live: the simulated engine of UNIT dies S seconds after the start, as an engine "
-                   "core killed by the OS would (repeatable): the unit fails, its requests go on elsewhere by "
-                   "recompute, and it is restarted unless --no-restart")
+                   help="--runtime live: the simulated engine of UNIT dies S seconds after the agent serves (with "
+                   "--serve-openai: once the OpenAI port is up), as an engine core killed by the OS would "
+                   "(repeatable): the unit fails, its requests go on elsewhere by recompute, and it is restarted "
+                   "unless --no-restart")
     v.add_argument("--hang-engine", action="append", default=[], metavar="UNIT@S",
-                   help="--runtime live: the simulated engine of UNIT stops making progress S seconds after the start "
-                   "without dying (repeatable): the watchdog kills it after --engine-hang-s")
+                   help="--runtime live: the simulated engine of UNIT stops making progress S seconds after the agent "
+                   "serves, without dying (repeatable): the watchdog kills it after --engine-hang-s")
 
 
 def check_live_options(args: argparse.Namespace) -> None:

@@ -107,7 +107,8 @@ async def serve_live(
 
 @dataclass(frozen=True, slots=True)
 class EngineFault:
-    """A simulated engine that dies (``kill``) or stops making progress (``hang``) ``at_s`` seconds after the start."""
+    """A simulated engine that dies (``kill``) or stops making progress (``hang``) ``at_s`` seconds after the agent
+    serves (its replay starts, or with an OpenAI intake, once the port is up)."""
 
     kind: str
     unit_id: int
@@ -180,21 +181,32 @@ async def run_sim_agent(
         hub = Hub(node, node_id=node_id, profile=config.profile, token=token, read_token=read_token,
                   replay_capacity=replay_events, slack_sample_ms=slack_sample_ms, boot_ns=node.origin_ns)
         loop = asyncio.get_running_loop()
-        for fault in config.faults:
-            unit = units[fault.unit_id]
-            if fault.kind == "kill":
-                why = f"engine killed by --kill-engine {fault.unit_id}@{fault.at_s:g}"
-                handles.append(loop.call_later(fault.at_s, unit.kill, why))
-            else:
-                handles.append(loop.call_later(fault.at_s, unit.hang))
+
+        def arm_faults() -> None:  # from when the agent serves: its replay starts, or its OpenAI port is up
+            for fault in config.faults:
+                unit = units[fault.unit_id]
+                if fault.kind == "kill":
+                    why = f"engine killed by --kill-engine {fault.unit_id}@{fault.at_s:g}"
+                    handles.append(loop.call_later(fault.at_s, unit.kill, why))
+                else:
+                    handles.append(loop.call_later(fault.at_s, unit.hang))
+
+        async def start_intake() -> Intake:
+            assert tokenizer is not None
+            intake = await start_sim_openai(config, cluster, hub, node_id, out, tokenizer)
+            arm_faults()
+            return intake
+
+        if tokenizer is None:
+            arm_faults()
 
         def banner(url: str) -> str:
             return (f"trackside agent {node_id}: {url} ({len(units)} simulated units of {config.profile} under the "
                     f"live runtime, batch policy {config.batch_policy}, dispatch {dispatcher.name}"
                     f"{f', {len(config.requests)} requests to replay' if config.requests else ''})")
 
-        intake = (lambda: start_sim_openai(config, cluster, hub, node_id, out, tokenizer)) if tokenizer else None
-        await serve_live(node, hub, listen, stop=stop, banner=banner, start_intake=intake, out=out)
+        await serve_live(node, hub, listen, stop=stop, banner=banner, start_intake=start_intake if tokenizer else None,
+                         out=out)
     finally:
         for handle in handles:
             handle.cancel()

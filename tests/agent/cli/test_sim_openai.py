@@ -149,7 +149,8 @@ def test_openai_clients_are_served_by_simulated_units_and_keep_their_streams_whe
 def test_an_operators_tokenizer_counts_the_prompts_and_renders_the_chats_in_every_front_end(tmp_path: Path) -> None:
     """With ``--sim-tokenizer DIR`` the app renders requests with that tokenizer (its words, its chat template, its
     context) and every token a unit produces is its ``ok``; with ``--openai-frontends 2`` two front-end processes
-    serve the app, each rendering with it and refusing logprobs itself."""
+    serve the app, each rendering with it and refusing logprobs itself. ``--kill-engine 1@0`` counts from when the
+    port is up (the front ends take seconds to start)."""
     from transformers import AutoTokenizer
 
     folder = word_tokenizer(tmp_path / "tokenizer")
@@ -157,7 +158,7 @@ def test_an_operators_tokenizer_counts_the_prompts_and_renders_the_chats_in_ever
     prompt = "hello world, please say hello"
     assert len(tiny.encode(prompt)) > len(words.encode(prompt)) == 6  # the counts tell the tokenizers apart
     proc = AgentProcess(tmp_path, "--runtime", "live", "--sim-tokenizer", str(folder), "--openai-frontends", "2",
-                        simulated=True, openai_api=True)
+                        "--kill-engine", "1@0", "--no-restart", simulated=True, openai_api=True)
     assert any("(2 front-end processes, PIDs " in line and
                f"every token 'ok'; prompts counted by the tokenizer in {folder.resolve()}" in line
                for line in proc.lines()), proc.lines()
@@ -191,6 +192,10 @@ def test_an_operators_tokenizer_counts_the_prompts_and_renders_the_chats_in_ever
         run(go, timeout_s=60)
     finally:
         assert proc.stop() == 0
+    lines = proc.lines()
+    up = next(i for i, line in enumerate(lines) if "OpenAI API at " in line)
+    killed = [i for i, line in enumerate(lines) if line.startswith("unit 1 failed: engine killed by --kill-engine 1@0")]
+    assert len(killed) == 1 and killed[0] > up, lines
 
 
 def test_the_units_token_is_the_first_of_ok_as_the_tokenizer_encodes_it(tmp_path: Path) -> None:
