@@ -16,6 +16,7 @@ from agent.cli.common import ServeError, parse_listen
 from agent.cli.connections import connection_limits
 from agent.engine.profiles import load_profile
 from agent.runtime.live.cluster import RESTART_ATTEMPTS
+from agent.telemetry.client import host_port
 from agent.workload.types import RequestSpec
 
 LIVE_ONLY = ("no_restart", "restart_attempts", "engine_hang_s", "pending_timeout_s")
@@ -175,4 +176,5 @@ def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: S
     except AgentStartError as exc:
         raise ServeError(str(exc)) from None
     except OSError as exc:  # a port is taken (the agent's or the OpenAI one), an address is not ours
-        raise ServeError(f"cannot listen: {exc.strerror or exc}") from None
+        where = host_port(host, port) + (f" or {host_port(*serve)}" if serve else "")
+        raise ServeError(f"cannot listen on {where}: {exc.strerror or exc}") from None

@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,12 @@ def test_vllm_checks_the_front_end_options(tmp_path: Path, capsys: pytest.Captur
     live = ("--runtime", "live", "--serve-openai", "127.0.0.1:0")
     assert error_of(capsys, *live, "--openai-arg", "no_such_flag=1").startswith(
         "--openai-arg: unrecognized arguments: --no-such-flag")
+    with socket.socket() as taken:  # a port held by a process that does not share it: the error names both ports
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = f"127.0.0.1:{taken.getsockname()[1]}"
+        assert error_of(capsys, "--runtime", "live", "--serve-openai", port, "--listen", "127.0.0.1:0") == (
+            f"cannot listen on 127.0.0.1:0 or {port}: Address already in use")
     assert error_of(capsys, *live, "--sim-tokenizer", str(tmp_path / "none")) == (
         f"--sim-tokenizer {tmp_path / 'none'}: not a folder (one with a Hugging Face tokenizer: tokenizer.json and "
         "tokenizer_config.json, as a model's folder has)")
