@@ -4,6 +4,8 @@ folder that run the agent as an operator does (``test_vllm_agent.py``, ``test_vl
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import signal
@@ -72,6 +74,17 @@ class AgentProcess:
 
     def client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.openai_url, api_key="unused", max_retries=0, timeout=30.0)
+
+    def ctl(self, *argv: str, token: bool = True) -> tuple[int, str]:
+        """``trackside ctl --json`` against this agent (with its token file unless ``token`` is False): (exit status,
+        the reply as printed)."""
+        from agent.cli.serve import main
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["ctl", self.ws_url, "--json", *(["--token-file", str(self.token_file)] if token else []),
+                         *argv])
+        return code, out.getvalue()
 
 
 

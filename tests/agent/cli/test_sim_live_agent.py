@@ -4,8 +4,6 @@ process, real websockets, ``trackside ctl`` and ``trackside record`` into a Duck
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from agent_process import WS_LINE, AgentProcess
 from serve_harness import run, wait_for
 
 from agent.cli.node_config import config_argv
-from agent.cli.serve import agent_parser, main, record
+from agent.cli.serve import agent_parser, record
 from store.queries import sql
 
 NUM = 24
@@ -28,13 +26,6 @@ def trace(path: Path) -> Path:
                                         "prompt_tokens": 200 + 37 * i % 300, "output_tokens": 120 + 9 * i % 60})
                             + "\n" for i in range(NUM)))
     return path
-
-
-def ctl(agent: AgentProcess, *argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["ctl", agent.ws_url, "--json", "--token-file", str(agent.token_file), *argv])
-    return code, out.getvalue()
 
 
 def test_an_engine_killed_under_load_loses_nothing_and_comes_back(tmp_path: Path) -> None:
@@ -50,11 +41,11 @@ def test_an_engine_killed_under_load_loses_nothing_and_comes_back(tmp_path: Path
         async def go() -> None:
             stop = asyncio.Event()
             task = asyncio.create_task(record([proc.ws_url], db, flush_s=0.2, stop=stop))
-            code, out = await asyncio.to_thread(ctl, proc, "status")
+            code, out = await asyncio.to_thread(proc.ctl, "status")
             assert code == 0, out
             units = json.loads(out)["payload"]["units"]
             assert [(u["unit_id"], u["engine_pid"]) for u in units] == [(0, None), (1, None)]
-            code, out = await asyncio.to_thread(ctl, proc, "set-policy", "sarathi", "--unit", "1")
+            code, out = await asyncio.to_thread(proc.ctl, "set-policy", "sarathi", "--unit", "1")
             assert code == 0, out
             await wait_for(lambda: proc.proc.poll() is not None, timeout_s=60, what="the workload's end")
             await asyncio.sleep(1.0)  # the recorder's last flush

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import re
 import socket
@@ -20,7 +18,6 @@ from agent_errors import error_of
 from agent_process import AgentProcess
 from serve_harness import run
 
-from agent.cli.serve import main
 from agent.engine.vllm.cpu import tiny_model_dir
 from agent.engine.vllm.sim_model import DEFAULT_MAX_TOKENS, SIM_TOKEN, sim_tokenizer
 
@@ -50,13 +47,6 @@ def word_tokenizer(folder: Path) -> Path:
                          "{% if add_generation_prompt %}assistant: {% endif %}")
     tok.save_pretrained(str(folder))
     return folder
-
-
-def ctl(agent: AgentProcess, *argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["ctl", agent.ws_url, "--json", "--token-file", str(agent.token_file), *argv])
-    return code, out.getvalue()
 
 
 def test_openai_clients_are_served_by_simulated_units_and_keep_their_streams_when_a_unit_fails(
@@ -124,14 +114,14 @@ def test_openai_clients_are_served_by_simulated_units_and_keep_their_streams_whe
 
             tasks = [asyncio.create_task(one(k)) for k in range(STREAMS)]
             await asyncio.wait_for(first_chunk.wait(), 30)
-            code, reply = await asyncio.to_thread(ctl, proc, "fail-unit", "--unit", "1")
+            code, reply = await asyncio.to_thread(proc.ctl, "fail-unit", "--unit", "1")
             assert code == 0, reply
             results = await asyncio.gather(*tasks)
             assert results == [(" ok" * MAX_TOKENS, "length")] * STREAMS
-            code, reply = await asyncio.to_thread(ctl, proc, "status")
+            code, reply = await asyncio.to_thread(proc.ctl, "status")
             units = {u["unit_id"]: u for u in json.loads(reply)["payload"]["units"]}
             assert units[1]["mode"] == "failed" and units[0]["mode"] == "active"
-            code, reply = await asyncio.to_thread(ctl, proc, "recover-unit", "--unit", "1")
+            code, reply = await asyncio.to_thread(proc.ctl, "recover-unit", "--unit", "1")
             assert code == 0, reply
             after = await client.completions.create(model=PROFILE, prompt="back", max_tokens=3)
             assert after.choices[0].text == " ok" * 3

@@ -26,7 +26,6 @@ import openai
 from agent_process import MODEL, WS_LINE, AgentProcess, running
 from serve_harness import NotingWriters, run, wait_for
 
-from agent.cli.serve import main as serve_main
 from agent.cli.serve import record
 from agent.telemetry import (
     ControlAudit,
@@ -116,18 +115,7 @@ async def complete(client: openai.AsyncOpenAI, request_id: str, max_tokens: int 
 
 async def ctl(agent: AgentProcess, *argv: str, token: bool = True) -> tuple[int, str]:
     """``trackside ctl --json`` in a thread; (exit status, the reply as printed)."""
-    args = ["ctl", agent.ws_url, "--json", *(["--token-file", str(agent.token_file)] if token else []), *argv]
-    return await asyncio.to_thread(_ctl, args)
-
-
-def _ctl(args: list[str]) -> tuple[int, str]:
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = serve_main(args)
-    return code, out.getvalue()
+    return await asyncio.to_thread(agent.ctl, *argv, token=token)
 
 
 def test_completions_stream_the_units_steps_requests_and_loads(agent: AgentProcess) -> None:
