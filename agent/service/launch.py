@@ -118,8 +118,9 @@ def build_units(config: VllmAgentConfig) -> list[VllmUnit]:
     return units
 
 
-def start_units(units: Sequence[VllmUnit], out: TextIO = sys.stderr) -> None:
+def start_units(units: Sequence[VllmUnit], out: TextIO | None = None) -> None:
     """Start the engines one after another (each measures the free GPU memory the previous ones left)."""
+    out = out if out is not None else sys.stderr  # read now: a default would keep the stderr of the import
     for unit in units:
         t = time.monotonic()
         try:
@@ -168,10 +169,11 @@ def runnable(requests: Sequence[RequestSpec], max_model_len: int) -> list[Reques
 async def run_agent(
     config: VllmAgentConfig, *, node_id: str, token: str, host: str, port: int, tls: ssl.SSLContext | None = None,
     read_token: str = "", replay_events: int = 65536, slack_sample_ms: float = 250.0, stop: asyncio.Event | None = None,
-    install_signals: bool = True, out: TextIO = sys.stderr, limits: ConnectionLimits | None = None,
+    install_signals: bool = True, out: TextIO | None = None, limits: ConnectionLimits | None = None,
 ) -> int:
     """Start the units and serve them until ``stop`` (or SIGINT/SIGTERM), or until a replayed workload is done when
     there is no OpenAI intake. Returns the exit status."""
+    out = out if out is not None else sys.stderr  # read now: a default would keep the stderr of the import
     stop = stop or asyncio.Event()
     if install_signals:
         stop_on_signals(stop)

@@ -71,11 +71,12 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 async def serve_live(
     node: LiveClusterNode, hub: Hub, listen: Listen, *, stop: asyncio.Event, banner: Callable[[str], str],
-    start_intake: Callable[[], Awaitable[Intake]] | None = None, out: TextIO = sys.stderr,
+    start_intake: Callable[[], Awaitable[Intake]] | None = None, out: TextIO | None = None,
 ) -> None:
     """Serve ``node`` through ``hub`` on ``listen`` until ``stop``, or, without an intake, until its replayed
     workload is done; then close the node (its requests end) and let the subscribers catch up. ``banner`` gets the
     server's URL and says what runs (printed first); ``start_intake`` starts the intake once the server is up."""
+    out = out if out is not None else sys.stderr  # read now: a default would keep the stderr of the import
     intake: Intake | None = None
     try:
         async with AgentServer(hub, host=listen.host, port=listen.port, ssl_context=listen.tls, gc_control=False,
@@ -155,9 +156,10 @@ class SimAgentConfig:
 async def run_sim_agent(
     config: SimAgentConfig, *, node_id: str, token: str, listen: Listen, read_token: str = "",
     replay_events: int = 65536, slack_sample_ms: float = 250.0, stop: asyncio.Event | None = None,
-    install_signals: bool = True, out: TextIO = sys.stderr,
+    install_signals: bool = True, out: TextIO | None = None,
 ) -> int:
     """Run simulated units under the live runtime until ``stop`` (or SIGINT/SIGTERM) or the end of the workload."""
+    out = out if out is not None else sys.stderr  # read now: a default would keep the stderr of the import
     stop = stop or asyncio.Event()
     if install_signals:
         stop_on_signals(stop)
