@@ -32,7 +32,7 @@ from agent.engine.vllm.openai_app import FrontendModel, frontend_namespace
 from agent.runtime.live.requests import Deltas, RequestRejected
 from agent.service.link import FrontendHello, Outbox, pack, read_frame
 from agent.service.loop_watch import watch_thread
-from agent.service.openai_server import AppServer, refusal_status, routed_app, ticketed
+from agent.service.openai_server import AppServer, checked, refusal_status, routed_app, ticketed
 
 log = logging.getLogger(__name__)
 
@@ -151,15 +151,8 @@ class FrontendServer(AppServer):
 
     async def build(self) -> Any:
         model = FrontendModel(self.hello.vllm_config, self.link.call)
-        check = self.hello.check
-
-        def checked(request_id: str, prompt_token_ids: list[int], params: Any, **slos: Any) -> RemoteStream:
-            assert check is not None  # parameters the units cannot serve: 400 here, before the request leaves
-            check(params)
-            return self.link.submit(request_id, prompt_token_ids, params, **slos)
-
-        submit = self.link.submit if check is None else checked
-        client = RoutedEngineClient(lambda: [model], ticketed(submit), self.serving, refusal=refusal_status)
+        submit = ticketed(checked(self.link.submit, self.hello.check))  # a check: 400 here, before the request leaves
+        client = RoutedEngineClient(lambda: [model], submit, self.serving, refusal=refusal_status)
         return await routed_app(client, self._args, metrics=lambda: self.link.call("metrics"),
                                 retry_after_s=self.hello.retry_after_s, node_id=self.hello.node_id,
                                 frontend=self.hello.index)

@@ -198,13 +198,24 @@ def routed_submit(cluster: LiveCluster[Any], check: Callable[[Any], None] | None
 
     def submit(request_id: str, prompt_token_ids: list[int], params: Any, *, ttft_slo_s: float | None,
                tpot_slo_s: float | None, arrival_s: float) -> Routed:
-        if check is not None:
-            check(params)
         return cluster.submit(ClusterRequest(request_id, prompt_token_ids, cluster_max_tokens(params),
                                              ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, arrival_s=arrival_s,
                                              params=params))
 
-    return ticketed(submit)
+    return ticketed(checked(submit, check))
+
+
+def checked(submit: Callable[..., Routed], check: Callable[[Any], None] | None) -> Callable[..., Routed]:
+    """``submit`` that first runs ``check`` on the sampling parameters (its ``ValueError``: 400, before the request
+    goes anywhere); ``submit`` itself without one (vLLM units: no call per request)."""
+    if check is None:
+        return submit
+
+    def submit_(request_id: str, prompt_token_ids: list[int], params: Any, **slos: Any) -> Routed:
+        check(params)
+        return submit(request_id, prompt_token_ids, params, **slos)
+
+    return submit_
 
 
 def cluster_max_tokens(params: Any) -> int:
