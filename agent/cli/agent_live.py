@@ -9,7 +9,7 @@ import importlib.util
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.bench.runner import BenchConfig, split_params, unit_makers
 from agent.cli.common import ServeError, parse_listen
@@ -18,6 +18,9 @@ from agent.engine.profiles import load_profile
 from agent.runtime.live.cluster import RESTART_ATTEMPTS
 from agent.telemetry.client import host_port
 from agent.workload.types import RequestSpec
+
+if TYPE_CHECKING:
+    from agent.engine.vllm.sim_model import SimTokenizer
 
 LIVE_ONLY = ("no_restart", "restart_attempts", "engine_hang_s", "pending_timeout_s")
 """Flags of live units (``--engine vllm``, or ``--runtime live``): a simulated agent on the discrete-event node
@@ -131,14 +134,20 @@ def sim_openai_options(args: argparse.Namespace) -> tuple[str, int] | None:
             frontend_namespace("simulated", "simulated", frontend_tokens(args.openai_arg))
         except FrontendArgError as exc:
             raise ServeError(f"--openai-arg: {exc}") from None
-    if args.sim_tokenizer:
-        from agent.engine.vllm.sim_model import sim_tokenizer
-
-        try:
-            sim_tokenizer(args.sim_tokenizer)
-        except ValueError as exc:
-            raise ServeError(f"--sim-tokenizer {exc}") from None
     return parse_listen(args.serve_openai, "--serve-openai")
+
+
+def load_sim_tokenizer(args: argparse.Namespace) -> SimTokenizer | None:
+    """``--sim-tokenizer``'s tokenizer, loaded once here (the agent renders with it); :class:`ServeError` where the
+    folder has none."""
+    if not args.sim_tokenizer:
+        return None
+    from agent.engine.vllm.sim_model import sim_tokenizer
+
+    try:
+        return sim_tokenizer(args.sim_tokenizer)
+    except ValueError as exc:
+        raise ServeError(f"--sim-tokenizer {exc}") from None
 
 
 def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: Sequence[RequestSpec], *,
@@ -151,6 +160,7 @@ def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: S
     refuse_discrete_options(args, "with --runtime live each unit steps by itself in wall time")
     check_live_options(args)
     serve = sim_openai_options(args)
+    tokenizer = load_sim_tokenizer(args)
     faults = tuple(EngineFault(*f) for f in parse_faults(args, bench.units))
     given: dict[str, Any] = {name: getattr(args, name) or None  # 0: no limit
              for name in ("engine_hang_s", "pending_timeout_s", "restart_attempts") if getattr(args, name) is not None}
@@ -163,7 +173,7 @@ def cmd_agent_sim_live(args: argparse.Namespace, bench: BenchConfig, requests: S
         requests=[r for r in requests if r.prompt_tokens < profile.max_model_len],  # as the discrete node's agent
         restart=not args.no_restart, faults=faults, serve_openai=serve, served_model_name=args.served_model_name,
         openai_args=tuple(args.openai_arg or ()), openai_reuse_port=args.openai_reuse_port,
-        openai_frontends=args.openai_frontends, tokenizer=args.sim_tokenizer, max_model_len=profile.max_model_len,
+        openai_frontends=args.openai_frontends, tokenizer=tokenizer, max_model_len=profile.max_model_len,
         **given)
     tls = server_ssl_context(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None
     if not token:

@@ -147,8 +147,8 @@ class SimAgentConfig:
     openai_reuse_port: bool = False
     openai_frontends: int = 0
     """Serve the app from this many front-end processes (0: this process serves it)."""
-    tokenizer: str | None = None
-    """The folder of the tokenizer that renders requests for the app (None: the tiny model's)."""
+    tokenizer: SimTokenizer | None = None
+    """The tokenizer that renders requests for the app (``sim_model.sim_tokenizer``; None: the tiny model's)."""
     max_model_len: int = 16384
     """The context the app allows a request (the profile's; at most the tiny tokenizer model's 16,384)."""
 
@@ -169,7 +169,7 @@ async def run_sim_agent(
     if config.serve_openai is not None:  # every token is the tokenizer's " ok" (vLLM is loaded only here)
         from agent.engine.vllm.sim_model import sim_tokenizer
 
-        tokenizer = sim_tokenizer(config.tokenizer)
+        tokenizer = config.tokenizer or sim_tokenizer()
     units = [SimLiveUnit(make, hang_s=config.engine_hang_s, token=tokenizer.token if tokenizer else None)
              for make in config.units]
     handles: list[asyncio.TimerHandle] = []
